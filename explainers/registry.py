@@ -1,0 +1,67 @@
+"""The explicit list of explainers. The site build, the server, the CLI and the tests loop over it.
+
+Standard library only: the browser imports this module to find a model by slug.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Callable
+
+from .cache_renting import model as cache_renting
+from .core.params import ParamError, Params
+
+LEVELS = ("beginner", "intermediate", "advanced")
+
+
+@dataclasses.dataclass(frozen=True)
+class Explainer:
+    slug: str
+    title: str
+    level: str
+    claim: str                            # the page's first sentence
+    params: type[Params]
+    evaluate: Callable[[Any], dict]       # named results, for `kvx run` and the API
+    page_data: Callable[[Any], dict]      # what the page draws, for the browser and the site build
+    glossary: tuple[str, ...] = ()        # glossary terms the page links to
+
+    def describe(self) -> dict:
+        return {"slug": self.slug, "title": self.title, "level": self.level, "claim": self.claim,
+                "parameters": self.params.describe()}
+
+
+REGISTRY: dict[str, Explainer] = {e.slug: e for e in [
+    Explainer(
+        slug="cache-renting",
+        title="The KV cache is the thing you are actually renting",
+        level="beginner",
+        claim=("A GPU node pays for the model's weights once, but pays for every user's KV cache separately, "
+               "so the cache, not the model, decides how many users fit, and long contexts collapse that number."),
+        params=cache_renting.CacheRentingParams,
+        evaluate=cache_renting.evaluate,
+        page_data=cache_renting.page_data,
+        glossary=("kv-cache", "pagedattention", "kv-cache-quantization", "preemption", "kv-cache-offloading"),
+    ),
+]}
+
+
+def get(slug: str) -> Explainer:
+    if slug not in REGISTRY:
+        raise KeyError(f"no explainer {slug!r}; the explainers are {', '.join(REGISTRY)}.")
+    return REGISTRY[slug]
+
+
+def page_json(slug: str, params_json: str) -> str:
+    """The browser's entry point: JSON in, JSON out, and never an exception.
+
+    A bad value comes back as {"ok": false, "field": ..., "message": ...} so the page can show the
+    sentence next to the control instead of a traceback.
+    """
+    try:
+        explainer = get(slug)
+        params = explainer.params.from_mapping(json.loads(params_json))
+        return json.dumps({"ok": True, "params": params.as_dict(), "data": explainer.page_data(params)})
+    except ParamError as err:
+        return json.dumps({"ok": False, "field": err.field, "message": str(err)})
+    except Exception as err:  # a model bug: say so plainly, keep the page alive
+        return json.dumps({"ok": False, "field": None, "message": f"The model failed: {type(err).__name__}: {err}"})
