@@ -1,0 +1,3 @@
+from importlib.metadata import version as _version
+
+VERSION = _version("kvx")

@@ -40,7 +40,8 @@ REGISTRY: dict[str, Explainer] = {e.slug: e for e in [
         params=cache_renting.CacheRentingParams,
         evaluate=cache_renting.evaluate,
         page_data=cache_renting.page_data,
-        glossary=("kv-cache", "pagedattention", "kv-cache-quantization", "preemption", "kv-cache-offloading"),
+        glossary=("kv-cache", "pagedattention", "kv-cache-quantization", "preemption", "kv-cache-offloading",
+                  "gqa", "mla"),
     ),
 ]}
 
@@ -49,6 +50,16 @@ def get(slug: str) -> Explainer:
     if slug not in REGISTRY:
         raise KeyError(f"no explainer {slug!r}; the explainers are {', '.join(REGISTRY)}.")
     return REGISTRY[slug]
+
+
+def run(slug: str, values: dict) -> dict:
+    """Validate `values` and evaluate the model: the explainer, its parameters, and its named results.
+
+    Used by `kvx run` and the server, so both print the same thing. Raises ParamError on bad input.
+    """
+    explainer = get(slug)
+    params = explainer.params.from_mapping(values)
+    return {"explainer": slug, "params": params.as_dict(), **explainer.evaluate(params)}
 
 
 def page_json(slug: str, params_json: str) -> str:

@@ -97,15 +97,14 @@ def memory_picture(p: CacheRentingParams, r: dict) -> dict:
     Frame 0 shows weights and reserve; each later frame admits more sessions; the last frame shows
     the next session that does not fit. At most MAX_FRAMES frames: big counts admit sessions in groups.
     """
-    rows = {"left": [], "right": [], "kind": [], "label": [], "frame": [], "shade": []}
+    rows = {"left": [], "right": [], "kind": [], "label": [], "frame": []}
 
-    def add(left, right, kind, label, frame, shade=0):
+    def add(left, right, kind, label, frame):
         rows["left"].append(left / GB)
         rows["right"].append(right / GB)
         rows["kind"].append(kind)
         rows["label"].append(label)
         rows["frame"].append(frame)
-        rows["shade"].append(shade)
 
     weights, reserve = r["weights_bytes"], r["reserve_bytes"]
     add(0, weights, "weights", f"weights {bytes_si(weights)}", 0)
@@ -119,7 +118,7 @@ def memory_picture(p: CacheRentingParams, r: dict) -> dict:
         first, last = (f - 1) * per_frame + 1, min(n, f * per_frame)
         who = f"session {thousands(first)}" if first == last else f"sessions {thousands(first)}–{thousands(last)}"
         add(start + (first - 1) * session, start + last * session, "session",
-            f"{who}: {bytes_si(session * (last - first + 1))}", f, f % 2)
+            f"{who}: {bytes_si(session * (last - first + 1))}", f)
         captions.append(f"{who.capitalize()} admitted: {bytes_si(session * last)} of "
                         f"{bytes_si(r['kv_memory_bytes'])} KV memory in use.")
     # The one that does not fit, drawn past the end of KV memory.
@@ -219,15 +218,22 @@ def page_data(p: CacheRentingParams) -> dict:
     r = evaluate(p)
     picture = memory_picture(p, r)
     curve = sessions_curve(p, r)
+    total_gb = r["total_memory_bytes"] / GB
+    limits = {"x": [total_gb], "label": [f"{p.gpu_count} × {GPUS[p.gpu].memory_gb:g} GB"]}
+    if r["kv_memory_source"] == "override":
+        limits["x"].append(picture["kv_end_gb"])
+        limits["label"].append(f"KV set to {p.kv_memory_gb:g} GB")
+    x_end = max([total_gb, picture["kv_end_gb"]] + picture["rows"]["right"]) * 1.02
     return {
         "sources": {
             "memory": picture["rows"],
+            "limits": limits,
             "curve": curve,
-            "point": {"context": [p.context], "sessions": [r["max_sessions"]]},
+            "point": {"context": [p.context], "sessions": [r["max_sessions"]],
+                      "text": [f"{thousands(r['max_sessions'])} at {tokens(p.context)} tokens"]},
         },
         "animation": {"source": "memory", "frames": len(picture["captions"]), "captions": picture["captions"]},
-        "ranges": {"memory_x_end": max(r["total_memory_bytes"], picture["kv_end_gb"] * GB,
-                                       picture["rows"]["right"][-1] * GB) / GB * 1.02},
+        "ranges": {"memory_x": [0, x_end]},
         "formula": formula(p, r),
         "readouts": readouts(p, r),
         "notes": notes(p),

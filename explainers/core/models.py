@@ -88,7 +88,9 @@ _PRESETS = [
                 "DeepSeek-V3 technical report (2024), sec. 4.2; " + _hf("deepseek-ai/DeepSeek-V3")
                 + " (671B main model; the 14B multi-token-prediction module is not counted)",
                 kv_latent=512, rope_dim=64, active_params=37e9),
-    # Two older models, so that every attention kind has a preset.
+    # Older models, so that every attention kind has a preset, and one a paper computes with.
+    ModelPreset("opt-13b", "OPT 13B", "MHA", 40, 40, 40, 128, 12.85e9, 2048,
+                _hf("facebook/opt-13b") + "; the PagedAttention paper's example in sec. 3"),
     ModelPreset("llama-2-7b", "Llama 2 7B", "MHA", 32, 32, 32, 128, 6.74e9, 4096,
                 _hf("meta-llama/Llama-2-7b-hf")),
     ModelPreset("falcon-7b", "Falcon 7B", "MQA", 32, 71, 1, 64, 6.92e9, 2048,

@@ -1,0 +1,110 @@
+"""The `kvx` command: list and run explainer models, build the site, serve it with the API.
+
+    kvx list [--json]
+    kvx run SLUG name=value ... [--json]
+    kvx build [OUT]
+    kvx serve [--host 127.0.0.1] [--port 8000] [--site build/site]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kvx.explainers.core.params import ParamError
+from kvx.explainers.registry import REGISTRY, run
+
+DEFAULT_SITE = Path("build/site")
+
+
+def cmd_list(args) -> int:
+    described = [e.describe() for e in REGISTRY.values()]
+    if args.json:
+        print(json.dumps(described, indent=2))
+        return 0
+    for e in described:
+        print(f"{e['slug']}  ({e['level']})  {e['title']}")
+        for p in e["parameters"]:
+            bounds = f"one of {', '.join(p['choices'])}" if p["choices"] else f"{p['min']:g} to {p['max']:g}"
+            print(f"    {p['name']} = {p['default']}  [{p['unit'] or '-'}; {bounds}]  {p['help']}")
+    return 0
+
+
+def _pairs(items: list[str]) -> dict[str, str]:
+    values = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ParamError(item, f"Parameters are given as name=value; got {item!r}.")
+        values[name.strip()] = value.strip()
+    return values
+
+
+def cmd_run(args) -> int:
+    if args.slug not in REGISTRY:
+        print(f"kvx: there is no explainer {args.slug!r}; the explainers are {', '.join(REGISTRY)}.", file=sys.stderr)
+        return 2
+    try:
+        out = run(args.slug, _pairs(args.params))
+    except ParamError as err:
+        print(f"kvx: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    width = max(len(k) for k in out)
+    for key, value in out.items():
+        shown = f"{value:,.6g}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else value
+        print(f"{key:<{width}}  {shown}")
+    return 0
+
+
+def cmd_build(args) -> int:
+    from kvx.site.build import build   # imports bokeh: only when building
+    out = build(Path(args.out))
+    print(f"built {out}")
+    return 0
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    from kvx.compute.app import create_app
+    from kvx.compute.settings import Settings
+
+    settings = Settings(site_dir=Path(args.site)) if args.site else Settings()
+    print(f"kvx: serving {settings.site_dir} and the API on http://{args.host}:{args.port}/ (docs at /docs)")
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="kvx", description="KV-cache explainers you can run.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("list", help="list the explainers and their parameters")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
+    p = sub.add_parser("run", help="evaluate an explainer's model: kvx run SLUG name=value ...")
+    p.add_argument("slug")
+    p.add_argument("params", nargs="*", metavar="name=value")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("build", help="build the static site")
+    p.add_argument("out", nargs="?", default=str(DEFAULT_SITE))
+    p.set_defaults(func=cmd_build)
+    p = sub.add_parser("serve", help="serve the built site at / and the API at /api/v1")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--site", default=None, help="the built site (default: $KVX_SITE_DIR or build/site)")
+    p.set_defaults(func=cmd_serve)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+"""Server settings, from the environment (KVX_*), so one image serves many deployments."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KVX_")
+
+    site_dir: Path = Path("build/site")     # the built static site, served at /
+    cors_origins: list[str] = []            # origins allowed to call the API (for embedding in other docs)
+    max_body_bytes: int = 64 * 1024         # larger request bodies are refused with 413

@@ -1,0 +1,103 @@
+"""Builds the static site: index (the reading path), glossary, and one page per explainer.
+
+Each explainer page is its view's Bokeh layout, filled with data baked from the model's defaults so
+the plot draws before Python starts, plus the narrative from its page.md and a JSON config that
+tells the page runtime (static/kvx-page.js) which worker and wheel to load.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+import markdown
+from bokeh.embed import components
+
+from kvx.compute import VERSION
+from kvx.explainers.registry import LEVELS, REGISTRY, Explainer
+from kvx.site.model_wheel import build_model_wheel
+from kvx.site.vendor import vendor_bokeh, vendor_pyodide
+
+SITE_DIR = Path(__file__).parent
+STATIC_DIR = SITE_DIR.parent / "static"
+_MD_EXTENSIONS = ["attr_list", "tables"]
+
+
+@dataclass(frozen=True)
+class Term:
+    id: str
+    title: str
+    html: str
+    used_in: tuple
+
+
+def explainer_dir(e: Explainer) -> Path:
+    return SITE_DIR.parent / "explainers" / e.slug.replace("-", "_")
+
+
+def sections(md_text: str) -> dict[str, str]:
+    """page.md split at its `## ` headings: {lowercased heading: rendered HTML}."""
+    parts = re.split(r"^## +(.+)$", md_text, flags=re.M)
+    return {title.strip().lower(): markdown.markdown(body, extensions=_MD_EXTENSIONS)
+            for title, body in zip(parts[1::2], parts[2::2])}
+
+
+def glossary_terms() -> list[Term]:
+    text = (SITE_DIR / "glossary.md").read_text()
+    terms = []
+    for title, anchor, body in re.findall(r"^## +(.+?) \{#([\w-]+)\}\n(.*?)(?=^## |\Z)", text, flags=re.M | re.S):
+        used = tuple(e for e in REGISTRY.values() if anchor in e.glossary)
+        terms.append(Term(anchor, title, markdown.markdown(body.strip()), used))
+    return terms
+
+
+def _json_for_script(obj) -> str:
+    return json.dumps(obj, separators=(",", ":")).replace("</", "<\\/")
+
+
+def render_explainer(env: jinja2.Environment, e: Explainer, bokeh_js: list[str], wheel_name: str,
+                     terms: dict[str, Term]) -> str:
+    params = e.params()
+    data = e.page_data(params)
+    view = importlib.import_module(f"kvx.explainers.{e.slug.replace('-', '_')}.view")
+    script, div = components(view.layout(e.params, params.as_dict(), data))
+    config = {
+        "slug": e.slug,
+        "defaults": params.as_dict(),
+        "baked": data,
+        "worker": "static/kvx-worker.mjs",
+        "wheel": f"wheels/{wheel_name}",
+        "api": "api/v1",
+    }
+    return env.get_template("explainer.html").render(
+        e=e, version=VERSION, bokeh_js=bokeh_js, bokeh_script=script, bokeh_div=div,
+        config_json=_json_for_script(config), sections=sections((explainer_dir(e) / "page.md").read_text()),
+        glossary_terms=[terms[t] for t in e.glossary])
+
+
+def build(out: Path) -> Path:
+    out = Path(out)
+    for name in ("vendor", "static", "wheels"):
+        shutil.rmtree(out / name, ignore_errors=True)
+    for old in out.glob("*.html"):
+        old.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    vendor_pyodide(out / "vendor" / "pyodide")
+    bokeh_js = vendor_bokeh(out / "vendor" / "bokeh")
+    wheel = build_model_wheel(out / "wheels", VERSION)
+    shutil.copytree(STATIC_DIR, out / "static")
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(SITE_DIR / "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined)
+    terms = glossary_terms()
+    by_id = {t.id: t for t in terms}
+    for e in REGISTRY.values():
+        (out / f"{e.slug}.html").write_text(render_explainer(env, e, bokeh_js, wheel.name, by_id))
+    path = [(level, [e for e in REGISTRY.values() if e.level == level]) for level in LEVELS]
+    (out / "index.html").write_text(env.get_template("index.html").render(path=path, version=VERSION))
+    (out / "glossary.html").write_text(env.get_template("glossary.html").render(terms=terms, version=VERSION))
+    return out

@@ -1,0 +1,262 @@
+// The page runtime shared by every explainer.
+//
+// The page arrives with its plots drawn from baked data. This script starts the Python worker,
+// sends it every control change (the latest request wins; stale replies are dropped), and puts the
+// model's reply into the named Bokeh sources, the formula and the readouts. It also drives the
+// animation (play, pause, step, reset, speed, keyboard) and keeps the state in the URL.
+// Names it relies on: param:<name>, error:<name>, source:<key>, range:<name>, anim:<part>.
+
+const cfg = JSON.parse(document.getElementById("kvx-config").textContent);
+const html = document.documentElement;
+const names = Object.keys(cfg.defaults);
+const state = { data: cfg.baked, frame: 0, timer: null, speed: 1, latest: 0, sentAt: 0, ready: false,
+                queued: false, suppress: false, applied: 0 };
+const timings = [];
+let doc = null;
+let worker = null;
+
+const model = (name) => doc.get_model_by_name(name);
+const anim = () => state.data.animation;
+const lastFrame = () => (anim() ? anim().frames - 1 : 0);
+
+function setStatus(text, kind) {
+  const el = document.getElementById("kvx-status");
+  el.textContent = text;
+  el.dataset.kind = kind;
+}
+
+// ---- URL state -----------------------------------------------------------------------------------
+function urlParams(search) {
+  const q = new URLSearchParams(search);
+  const out = {};
+  for (const k of names) if (q.has(k)) out[k] = q.get(k);
+  return { params: out, step: q.has("step") ? Number(q.get("step")) : null };
+}
+
+function writeURL(params) {
+  const q = new URLSearchParams(location.search);
+  for (const k of names) {
+    const dflt = cfg.defaults[k] === null ? "" : String(cfg.defaults[k]);
+    if (params[k] !== "" && String(params[k]) !== dflt && Number(params[k]) !== Number(dflt)) q.set(k, params[k]);
+    else q.delete(k);
+  }
+  if (anim() && state.frame !== lastFrame()) q.set("step", state.frame); else q.delete("step");
+  const s = q.toString();
+  history.replaceState(null, "", s ? `?${s}` : location.pathname);
+}
+
+// ---- controls ------------------------------------------------------------------------------------
+function readParams() {
+  const p = {};
+  for (const k of names) p[k] = String(model(`param:${k}`).value ?? "").trim();
+  return p;
+}
+
+function setControls(values) {
+  state.suppress = true;
+  for (const k of names) {
+    const v = values[k] ?? cfg.defaults[k];
+    model(`param:${k}`).value = v === null ? "" : String(v);
+  }
+  state.suppress = false;
+}
+
+function showErrors(field, message) {
+  for (const k of names) model(`error:${k}`).text = k === field ? message : "";
+  const notes = document.getElementById("kvx-notes");
+  if (field === null || !names.includes(field)) notes.textContent = message;
+}
+
+function request() {
+  const params = readParams();
+  writeURL(params);
+  if (!state.ready) {
+    state.queued = true;
+    if (worker) setStatus("Python is still warming up; your change applies as soon as it is ready.", "wait");
+    return;
+  }
+  state.latest += 1;
+  state.sentAt = performance.now();
+  worker.postMessage({ type: "run", id: state.latest, slug: cfg.slug, params });
+}
+
+function onResult(id, reply) {
+  if (id !== state.latest) return;            // a newer request is on its way
+  if (!reply.ok) {
+    showErrors(reply.field, reply.message);
+    html.dataset.kvxErrors = String(Number(html.dataset.kvxErrors || 0) + 1);
+    return;
+  }
+  showErrors(null, "");
+  apply(reply.data, true);
+  timings.push(performance.now() - state.sentAt);
+  state.applied += 1;
+  html.dataset.kvxApplied = String(state.applied);
+}
+
+// ---- drawing -------------------------------------------------------------------------------------
+function apply(data, keepFrame) {
+  const wasAtEnd = state.frame >= lastFrame();
+  state.data = data;
+  for (const [key, cols] of Object.entries(data.sources)) {
+    if (!(anim() && key === anim().source)) model(`source:${key}`).data = cols;
+  }
+  for (const [name, [start, end]] of Object.entries(data.ranges || {})) {
+    const r = model(`range:${name}`);
+    r.start = start;
+    r.end = end;
+  }
+  if (anim()) {
+    const slider = model("anim:frame");
+    state.suppress = true;
+    slider.end = Math.max(1, lastFrame());
+    state.suppress = false;
+    showFrame(keepFrame && !wasAtEnd ? Math.min(state.frame, lastFrame()) : lastFrame());
+  }
+  renderFormula(data.formula || []);
+  renderReadouts(data.readouts || []);
+  document.getElementById("kvx-notes").textContent = (data.notes || []).join(" ");
+}
+
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+function renderFormula(lines) {
+  const box = document.getElementById("kvx-formula");
+  box.replaceChildren(...lines.map((l) => {
+    const div = el("div", "kvx-formula-line");
+    div.append(el("div", "kvx-formula-name", l.name), el("div", "kvx-formula-expr", l.formula),
+               el("div", "kvx-formula-sub", `= ${l.substituted}`), el("div", "kvx-formula-result", `= ${l.result}`));
+    return div;
+  }));
+}
+
+function renderReadouts(items) {
+  const box = document.getElementById("kvx-readouts");
+  box.replaceChildren(...items.map((r) => {
+    const div = el("div", "kvx-readout");
+    div.append(el("div", "kvx-readout-label", r.label), el("div", "kvx-readout-value", r.value),
+               el("div", "kvx-readout-detail", r.detail));
+    return div;
+  }));
+}
+
+// ---- animation -----------------------------------------------------------------------------------
+function showFrame(k) {
+  const a = anim();
+  k = Math.max(0, Math.min(lastFrame(), Math.round(k)));
+  state.frame = k;
+  const full = state.data.sources[a.source];
+  const keep = [];
+  full.frame.forEach((f, i) => { if (f <= k) keep.push(i); });
+  const cols = {};
+  for (const [c, values] of Object.entries(full)) cols[c] = keep.map((i) => values[i]);
+  model(`source:${a.source}`).data = cols;
+  model("anim:caption").text = a.captions[k] || "";
+  state.suppress = true;
+  model("anim:frame").value = k;
+  state.suppress = false;
+  html.dataset.kvxFrame = String(k);
+}
+
+function pause() {
+  clearInterval(state.timer);
+  state.timer = null;
+  model("anim:play").label = "▶ Play";
+}
+
+const animation = {
+  toggle() {
+    if (state.timer) return pause();
+    if (state.frame >= lastFrame()) showFrame(0);
+    model("anim:play").label = "⏸ Pause";
+    state.timer = setInterval(() => {
+      if (state.frame >= lastFrame()) return pause();
+      showFrame(state.frame + 1);
+    }, 350 / state.speed);
+  },
+  step() { pause(); showFrame(state.frame + 1); writeURL(readParams()); },
+  back() { pause(); showFrame(state.frame - 1); writeURL(readParams()); },
+  reset() { pause(); showFrame(0); writeURL(readParams()); },
+  speed(label) {
+    state.speed = parseFloat(label) || 1;
+    if (state.timer) { pause(); animation.toggle(); }
+  },
+  seek(value) { if (!state.suppress) { pause(); showFrame(value); writeURL(readParams()); } },
+};
+
+// ---- start ---------------------------------------------------------------------------------------
+function startWorker() {
+  worker = new Worker(new URL(cfg.worker, location.href), { type: "module" });
+  const t0 = performance.now();
+  worker.onmessage = (event) => {
+    const msg = event.data;
+    if (msg.type === "ready") {
+      state.ready = true;
+      html.dataset.pyReady = String(Math.round(performance.now() - t0));
+      html.setAttribute("data-py-ready", "");
+      setStatus(`Python is ready (${((performance.now() - t0) / 1000).toFixed(1)} s): every control is live.`, "ready");
+      if (state.queued) { state.queued = false; request(); }
+    } else if (msg.type === "failed") {
+      setStatus(`Python could not start (${msg.message}); the plots keep the precomputed values.`, "failed");
+    } else if (msg.type === "result") {
+      onResult(msg.id, msg.reply);
+    }
+  };
+  worker.onerror = (event) => {
+    event.preventDefault();
+    setStatus("The Python worker stopped; the plots keep their last values. Reload to try again.", "failed");
+  };
+  worker.postMessage({ type: "init", wheel: new URL(cfg.wheel, location.href).href });
+}
+
+function applyURL(search, initial = false) {
+  const { params, step } = urlParams(search);
+  setControls(params);
+  if (!initial || Object.keys(params).length) request();
+  if (step !== null && anim()) showFrame(step);
+}
+
+function onKey(event) {
+  const target = event.composedPath()[0];
+  if (target && /^(INPUT|SELECT|TEXTAREA|BUTTON)$/.test(target.tagName)) return;
+  if (!anim()) return;
+  if (event.key === "ArrowRight") { animation.step(); event.preventDefault(); }
+  else if (event.key === "ArrowLeft") { animation.back(); event.preventDefault(); }
+  else if (event.key === " ") { animation.toggle(); event.preventDefault(); }
+}
+
+// "Try this" links are plain ?query links: apply them in place instead of reloading the page.
+function onClick(event) {
+  const a = event.target.closest && event.target.closest("a[href^='?']");
+  if (!a) return;
+  event.preventDefault();
+  history.pushState(null, "", a.getAttribute("href"));
+  applyURL(location.search);
+  document.querySelector(".kvx-interactive").scrollIntoView({ behavior: "smooth", block: "start" });
+}
+
+function whenBokehReady() {
+  return new Promise((resolve) => {
+    const poll = () => {
+      const d = window.Bokeh && window.Bokeh.documents && window.Bokeh.documents[0];
+      if (d && d.get_model_by_name(`param:${names[0]}`)) resolve(d); else setTimeout(poll, 20);
+    };
+    poll();
+  });
+}
+
+window.kvx = { onControl: () => { if (!state.suppress) request(); }, anim: animation, timings, state };
+
+doc = await whenBokehReady();
+apply(cfg.baked, false);
+html.setAttribute("data-kvx-drawn", String(Math.round(performance.now())));
+applyURL(location.search, true);
+document.addEventListener("keydown", onKey);
+document.addEventListener("click", onClick);
+window.addEventListener("popstate", () => applyURL(location.search));
+startWorker();

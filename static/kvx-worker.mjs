@@ -1,0 +1,36 @@
+// Runs the explainer's Python model in Pyodide, off the main thread, so the page never freezes.
+// Messages in:  {type: "init", wheel}  then  {type: "run", id, slug, params}
+// Messages out: {type: "ready", ms} | {type: "failed", message} | {type: "result", id, reply}
+import { loadPyodide } from "../vendor/pyodide/pyodide.mjs";
+
+let pageJson = null;
+let starting = null;
+
+async function start(wheelURL) {
+  const t0 = performance.now();
+  const pyodide = await loadPyodide({
+    indexURL: new URL("../vendor/pyodide/", import.meta.url).href,
+    stdout: () => {}, stderr: (s) => console.warn(s),
+  });
+  await pyodide.loadPackage(new URL(wheelURL, self.location.href).href, { messageCallback: () => {} });
+  pageJson = pyodide.runPython("from kvx.explainers.registry import page_json\npage_json");
+  return performance.now() - t0;
+}
+
+self.onmessage = async (event) => {
+  const msg = event.data;
+  if (msg.type === "init") {
+    starting = start(msg.wheel);
+    try {
+      const ms = await starting;
+      self.postMessage({ type: "ready", ms });
+    } catch (err) {
+      self.postMessage({ type: "failed", message: String(err && err.message || err) });
+    }
+  } else if (msg.type === "run") {
+    await starting;
+    // page_json never raises: a bad value comes back as {ok: false, field, message}.
+    const reply = JSON.parse(pageJson(msg.slug, JSON.stringify(msg.params)));
+    self.postMessage({ type: "result", id: msg.id, reply });
+  }
+};
