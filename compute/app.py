@@ -21,12 +21,12 @@ mimetypes.add_type("text/javascript", ".mjs")
 def _sentence(error: dict) -> tuple[str, str]:
     """A pydantic error as (field, one sentence naming the field)."""
     loc = [str(part) for part in error.get("loc", ()) if part != "body"]
-    field = loc[-1] if loc else "body"
+    field = loc[0] if loc else "body"        # the parameter, not the union member that failed
     if error.get("type") == "extra_forbidden":
         return field, f"{field} is not a parameter of this explainer; see GET /api/v1/explainers for the parameters."
     if field == "body":
         return field, f"The request body must be a JSON object of parameters; {error.get('msg', 'it was not')}."
-    return field, f"{field}: {error.get('msg', 'invalid value')}; got {error.get('input')!r}."
+    return field, f"{field} must be a number or a name; got {error.get('input')!r}."
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -47,11 +47,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def validation_sentences(request: Request, exc: RequestValidationError):
-        detail = []
+        detail = {}
         for error in exc.errors():
             field, msg = _sentence(error)
-            detail.append({"loc": ["body", field], "msg": msg, "type": error.get("type", "value_error")})
-        return JSONResponse(status_code=422, content={"detail": detail})
+            detail.setdefault(field, {"loc": ["body", field], "msg": msg, "type": error.get("type", "value_error")})
+        return JSONResponse(status_code=422, content={"detail": list(detail.values())})
 
     app.include_router(health.router, prefix="/api/v1")
     app.include_router(explainers.router, prefix="/api/v1")

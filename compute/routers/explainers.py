@@ -4,7 +4,6 @@ Each explainer gets its own POST route and request model, so /docs shows its par
 and bounds. The bounds are enforced by the explainer's own parameter dataclass, so the message for
 a bad value is the same sentence the CLI and the page show.
 """
-from __future__ import annotations
 
 from typing import Optional, Union
 
@@ -21,7 +20,8 @@ router = APIRouter(prefix="/explainers", tags=["explainers"])
 def request_model(e: Explainer) -> type[BaseModel]:
     fields = {}
     for spec in e.params.describe():
-        extra = {k: spec[k] for k in ("unit", "min", "max") if spec[k] not in (None, "")}
+        extra = {key: spec[k] for k, key in (("unit", "unit"), ("min", "minimum"), ("max", "maximum"))
+                 if spec[k] not in (None, "")}
         if spec["choices"]:
             extra["examples"] = spec["choices"][:3]
         fields[spec["name"]] = (Optional[Union[float, str]],

@@ -1,0 +1,100 @@
+"""The compute server: health, the explainer endpoints, clear 4xx for bad input, and the site at /."""
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from kvx.compute.app import create_app
+from kvx.compute.settings import Settings
+from kvx.explainers.registry import REGISTRY
+
+
+@pytest.fixture
+def client(tmp_path):
+    return TestClient(create_app(Settings(site_dir=tmp_path / "missing")))
+
+
+def test_health_reports_version_and_device(client):
+    body = client.get("/api/v1/health").json()
+    assert body["status"] == "ok" and body["version"]
+    assert body["device"] in ("cpu", "cuda")
+
+
+def test_list_describes_every_explainer(client):
+    body = client.get("/api/v1/explainers").json()
+    assert [e["slug"] for e in body] == list(REGISTRY)
+    params = {p["name"]: p for p in body[0]["parameters"]}
+    assert params["context"] == {"name": "context", "kind": "integer", "default": 4000, "min": 1, "max": 10_000_000,
+                                 "unit": "tokens", "help": params["context"]["help"], "choices": [],
+                                 "optional": False}
+
+
+def test_evaluate_reproduces_the_seed(client):
+    body = client.post("/api/v1/explainers/cache-renting",
+                       json={"model": "llama-3-70b", "kv_dtype": "fp16", "context": 4000, "kv_memory_gb": 450}).json()
+    assert body["kv_bytes_per_token"] == 327_680 and body["max_sessions"] == 343
+    assert body["params"]["context"] == 4000
+
+
+def test_evaluate_with_no_body_uses_defaults(client):
+    assert client.post("/api/v1/explainers/cache-renting").json()["max_sessions"] == 344
+
+
+@pytest.mark.parametrize("body,field,words", [
+    ({"context": 0}, "context", "context must be between 1 and 10,000,000 tokens; got 0."),
+    ({"context": "lots"}, "context", "context must be a number between 1 and 10,000,000 tokens; got 'lots'."),
+    ({"gpu_count": 65}, "gpu_count", "gpu_count must be between 1 and 64 GPUs; got 65."),
+    ({"model": "gpt-5"}, "model", "model must be one of llama-3-8b"),
+    ({"kv_dtype": "fp3"}, "kv_dtype", "or a bit-width between 1 and 32; got 'fp3'."),
+    ({"bogus": 1}, "bogus", "bogus is not a parameter"),
+    ({"context": [1, 2]}, "context", "context must be a number or a name; got [1, 2]."),
+])
+def test_bad_input_is_a_422_sentence_naming_the_field(client, body, field, words):
+    r = client.post("/api/v1/explainers/cache-renting", json=body)
+    assert r.status_code == 422
+    (detail,) = r.json()["detail"]
+    assert detail["loc"] == ["body", field]
+    assert words in detail["msg"] and detail["msg"].endswith(".")
+
+
+def test_non_object_body_is_a_422(client):
+    r = client.post("/api/v1/explainers/cache-renting", content=b"[1,2]", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "JSON object" in r.json()["detail"][0]["msg"]
+
+
+def test_unknown_explainer_is_a_404_that_lists_the_explainers(client):
+    r = client.post("/api/v1/explainers/nope", json={})
+    assert r.status_code == 404 and "cache-renting" in r.json()["detail"]
+
+
+def test_large_bodies_are_refused(client):
+    r = client.post("/api/v1/explainers/cache-renting", content=b"{" + b" " * 70_000 + b"}",
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "at most 65536 bytes" in r.json()["detail"]
+
+
+def test_openapi_documents_each_explainer_with_units(client):
+    spec = client.get("/openapi.json").json()
+    assert "/api/v1/explainers/cache-renting" in spec["paths"]
+    schema = spec["components"]["schemas"]["CacheRentingRequest"]["properties"]["context"]
+    assert (schema["unit"], schema["minimum"], schema["maximum"]) == ("tokens", 1, 10_000_000)
+    assert client.get("/docs").status_code == 200
+
+
+def test_cors_only_for_configured_origins(tmp_path):
+    app = create_app(Settings(site_dir=tmp_path, cors_origins=["https://docs.example.org"]))
+    c = TestClient(app)
+    ok = c.get("/api/v1/health", headers={"Origin": "https://docs.example.org"})
+    assert ok.headers["access-control-allow-origin"] == "https://docs.example.org"
+    other = c.get("/api/v1/health", headers={"Origin": "https://elsewhere.example"})
+    assert "access-control-allow-origin" not in other.headers
+
+
+def test_serves_the_built_site_with_the_right_types(built_site):
+    c = TestClient(create_app(Settings(site_dir=built_site)))
+    assert "The KV cache, explained" in c.get("/").text
+    assert c.get("/vendor/pyodide/pyodide.asm.wasm").headers["content-type"] == "application/wasm"
+    assert c.get("/static/kvx-worker.mjs").headers["content-type"].startswith("text/javascript")
+    assert c.get("/cache-renting.html").status_code == 200
+    assert c.get("/../pyproject.toml").status_code == 404
+    assert c.get("/api/v1/health").json()["status"] == "ok"      # the API still wins over the site

@@ -1,0 +1,78 @@
+"""Every registered explainer keeps the shape the definition of done asks for."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvx.explainers.registry import LEVELS, REGISTRY, page_json, run
+
+ROOT = Path(__file__).parents[2]
+EXPLAINERS = sorted(REGISTRY)
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+BROWSER_MODULES = sorted(p for p in (ROOT / "explainers").rglob("*.py") if p.name != "view.py")
+
+
+@pytest.mark.parametrize("path", BROWSER_MODULES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_models_and_core_use_only_the_standard_library(path):
+    assert _imports(path) <= set(sys.stdlib_module_names), f"{path} imports {_imports(path) - set(sys.stdlib_module_names)}"
+
+
+@pytest.mark.parametrize("slug", EXPLAINERS)
+def test_explainer_has_model_view_and_page(slug):
+    folder = ROOT / "explainers" / slug.replace("-", "_")
+    assert {"model.py", "view.py", "page.md"} <= {p.name for p in folder.iterdir()}
+    text = (folder / "page.md").read_text()
+    for heading in ("## Try this", "## What the model leaves out", "## Sources"):
+        assert heading in text
+
+
+@pytest.mark.parametrize("slug", EXPLAINERS)
+def test_parameters_are_frozen_with_units_defaults_and_bounds(slug):
+    e = REGISTRY[slug]
+    assert e.level in LEVELS and e.claim.endswith(".")
+    assert dataclasses.is_dataclass(e.params) and e.params.__dataclass_params__.frozen
+    for spec in e.params.describe():
+        assert spec["help"]
+        if spec["kind"] == "choice":
+            assert spec["default"] in spec["choices"]
+        else:
+            assert spec["unit"] and spec["min"] < spec["max"]
+            assert spec["default"] is None and spec["optional"] or spec["min"] <= spec["default"] <= spec["max"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(e.params(), e.params.describe()[0]["name"], "x")
+
+
+@pytest.mark.parametrize("slug", EXPLAINERS)
+def test_page_json_never_raises(slug):
+    e = REGISTRY[slug]
+    ok = json.loads(page_json(slug, "{}"))
+    assert ok["ok"] and ok["data"]["sources"] and ok["data"]["formula"]
+    spec = next(s for s in e.params.describe() if s["kind"] != "choice")
+    bad = json.loads(page_json(slug, json.dumps({spec["name"]: spec["max"] * 10 + 1})))
+    assert bad == {"ok": False, "field": spec["name"], "message": bad["message"]}
+    assert spec["name"] in bad["message"] and "between" in bad["message"]
+    assert json.loads(page_json("no-such", "{}"))["ok"] is False
+
+
+@pytest.mark.parametrize("slug", EXPLAINERS)
+def test_run_is_deterministic_and_json_ready(slug):
+    assert run(slug, {}) == run(slug, {})
+    json.dumps(run(slug, {}))
+    json.dumps(REGISTRY[slug].page_data(REGISTRY[slug].params()), allow_nan=False)
