@@ -164,6 +164,7 @@ function showFrame(k) {
 }
 
 function pause() {
+  if (state.timer) writeURL(readParams());
   clearInterval(state.timer);
   state.timer = null;
   model("anim:play").label = "▶ Play";
@@ -175,8 +176,8 @@ const animation = {
     if (state.frame >= lastFrame()) showFrame(0);
     model("anim:play").label = "⏸ Pause";
     state.timer = setInterval(() => {
-      if (state.frame >= lastFrame()) return pause();
       showFrame(state.frame + 1);
+      if (state.frame >= lastFrame()) pause();
     }, 350 / state.speed);
   },
   step() { pause(); showFrame(state.frame + 1); writeURL(readParams()); },
@@ -186,7 +187,8 @@ const animation = {
     state.speed = parseFloat(label) || 1;
     if (state.timer) { pause(); animation.toggle(); }
   },
-  seek(value) { if (!state.suppress) { pause(); showFrame(value); writeURL(readParams()); } },
+  // The slider echoes every frame we show; only a reader's move (a different frame) pauses and seeks.
+  seek(value) { if (!state.suppress && Math.round(value) !== state.frame) { pause(); showFrame(value); writeURL(readParams()); } },
 };
 
 // ---- start ---------------------------------------------------------------------------------------

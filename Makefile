@@ -1,0 +1,38 @@
+# Two commands on a fresh machine (see README):
+#   make serve   set up, build the site, serve it with the compute server on http://127.0.0.1:8000
+#   make test    set up (Python packages, Debian's Chromium, Pyodide from npm) and run the whole suite
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: serve test build setup chromium pyodide bench
+
+$(BIN)/kvx: pyproject.toml setup.py
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[kernels,test]'
+	touch $@
+
+setup: $(BIN)/kvx
+
+# Debian's Chromium for the browser tests; never a browser downloaded by playwright.
+chromium:
+	@test -x /usr/bin/chromium || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-dejavu-core >/dev/null; }
+
+# Pyodide core from the npm registry, pinned and checked against its integrity hash.
+pyodide: $(BIN)/kvx
+	$(BIN)/python -c "from kvx.site.vendor import pyodide_tarball; print('pyodide:', pyodide_tarball())"
+
+build: $(BIN)/kvx pyodide
+	$(BIN)/kvx build build/site
+
+serve: build
+	$(BIN)/kvx serve --host $(HOST) --port $(PORT) --site build/site
+
+test: $(BIN)/kvx chromium pyodide
+	$(BIN)/python -m pytest
+
+bench: build chromium
+	$(BIN)/python tests/benchmarks/bench_pages.py --site build/site

@@ -1,0 +1,144 @@
+"""Every page in headless Chromium: loads offline, a control changes the plot, and the plot's values
+equal CPython's model for the same parameters."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvx.explainers.registry import REGISTRY
+
+READY_MS = 90_000     # cold Pyodide start on a busy 2-core machine; typically 3-8 s
+
+
+def source_data(page, key: str) -> dict:
+    return page.evaluate(
+        """key => { const d = Bokeh.documents[0].get_model_by_name('source:' + key).data;
+                     const out = {}; for (const [k, v] of (d instanceof Map ? d : Object.entries(d))) out[k] = Array.from(v);
+                     return out; }""", key)
+
+
+def set_control(page, name: str, value: str) -> None:
+    """Type into a control the way a reader does: select its text, type, press Enter."""
+    box = page.locator(f".bk-input-group:has(label:text-is('{label(name)}')) input")
+    box.fill(value)
+    box.press("Enter")
+
+
+def label(name: str) -> str:
+    spec = next(s for e in REGISTRY.values() for s in e.params.describe() if s["name"] == name)
+    return f"{name.replace('_', ' ')}" + (f" ({spec['unit']})" if spec["unit"] else "")
+
+
+def wait_applied(page, before: int) -> None:
+    page.wait_for_function(f"Number(document.documentElement.dataset.kvxApplied || 0) > {before}", timeout=30_000)
+
+
+def applied(page) -> int:
+    return int(page.evaluate("Number(document.documentElement.dataset.kvxApplied || 0)"))
+
+
+def expected(slug: str, **values) -> dict:
+    e = REGISTRY[slug]
+    return json.loads(json.dumps(e.page_data(e.params.from_mapping(values))))
+
+
+def assert_sources_equal(page, data: dict) -> None:
+    for key, cols in data["sources"].items():
+        got = source_data(page, key)
+        for col, values in cols.items():
+            assert got[col] == pytest.approx(values) if values and isinstance(values[0], float) else got[col] == values, \
+                (key, col)
+
+
+@pytest.mark.parametrize("path", ["index.html", "glossary.html"])
+def test_plain_pages_load_offline(offline_page, site_url, screenshot, path):
+    offline_page.goto(f"{site_url}/{path}")
+    assert offline_page.locator("h1").count() == 1
+    screenshot(offline_page, path.removesuffix(".html"))
+
+
+def test_cache_renting_draws_baked_plot_then_goes_live(offline_page, site_url, screenshot):
+    page = offline_page
+    page.goto(f"{site_url}/cache-renting.html")
+    page.wait_for_selector("html[data-kvx-drawn]", state="attached", timeout=20_000)
+    # Drawn from baked data before Python is ready: the defaults' numbers.
+    assert_sources_equal(page, expected("cache-renting"))
+    assert "344" in page.locator("#kvx-readouts").inner_text()
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+
+    before = applied(page)
+    set_control(page, "context", "128000")
+    wait_applied(page, before)
+    want = expected("cache-renting", context=128000)
+    assert_sources_equal(page, want)
+    assert want["sources"]["point"]["sessions"] == [10]
+    assert "128,000" in page.locator("#kvx-formula").inner_text()
+    assert "context=128000" in page.url
+    screenshot(page, "cache-renting-128k")
+
+
+def test_cache_renting_bad_value_shows_inline_message_and_keeps_plot(offline_page, site_url, screenshot):
+    page = offline_page
+    page.goto(f"{site_url}/cache-renting.html")
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+    set_control(page, "gpu_count", "0")
+    page.wait_for_function("Number(document.documentElement.dataset.kvxErrors || 0) > 0", timeout=30_000)
+    message = page.evaluate("Bokeh.documents[0].get_model_by_name('error:gpu_count').text")
+    assert message == "gpu_count must be between 1 and 64 GPUs; got 0."
+    assert page.get_by_text(message).is_visible()
+    assert_sources_equal(page, expected("cache-renting"))           # nothing lost
+    assert "Traceback" not in page.content()
+    before = applied(page)
+    set_control(page, "gpu_count", "4")
+    wait_applied(page, before)
+    assert page.evaluate("Bokeh.documents[0].get_model_by_name('error:gpu_count').text") == ""
+    assert_sources_equal(page, expected("cache-renting", gpu_count=4))
+    screenshot(page, "cache-renting-recovered")
+
+
+def test_cache_renting_url_state_animation_and_keyboard(offline_page, site_url):
+    page = offline_page
+    page.goto(f"{site_url}/cache-renting.html?context=128000&step=3")
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+    page.wait_for_function("Number(document.documentElement.dataset.kvxApplied || 0) > 0", timeout=30_000)
+    want = expected("cache-renting", context=128000)
+    frames = want["animation"]["frames"]
+    assert frames == 12                     # weights, 10 sessions, the one that does not fit
+    page.locator("body").click(position={"x": 5, "y": 5})
+    page.keyboard.press("Home")
+    # Step from the end back to the start and forward again with the keyboard.
+    page.evaluate("window.kvx.anim.reset()")
+    assert page.evaluate("document.documentElement.dataset.kvxFrame") == "0"
+    assert len(source_data(page, "memory")["kind"]) == 2            # weights and workspace only
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowRight")
+    assert page.evaluate("document.documentElement.dataset.kvxFrame") == "2"
+    assert source_data(page, "memory")["kind"] == ["weights", "reserve", "session", "session"]
+    assert "step=2" in page.url and "context=128000" in page.url
+    page.keyboard.press(" ")
+    page.wait_for_function(f"document.documentElement.dataset.kvxFrame === '{frames - 1}'", timeout=20_000)
+    assert source_data(page, "memory")["kind"][-1] == "rejected"
+    assert "the node is full at 10 sessions" in page.evaluate("Bokeh.documents[0].get_model_by_name('anim:caption').text")
+    assert "step=" not in page.url               # the last frame is the default view
+
+
+def test_cache_renting_try_this_link_applies_in_place(offline_page, site_url):
+    page = offline_page
+    page.goto(f"{site_url}/cache-renting.html")
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+    before = applied(page)
+    page.get_by_role("link", name="Store the cache in fp8").click()
+    wait_applied(page, before)
+    assert_sources_equal(page, expected("cache-renting", kv_dtype="fp8"))
+    assert page.evaluate("Bokeh.documents[0].get_model_by_name('param:kv_dtype').value") == "fp8"
+
+
+def test_embed_mode_shows_the_explainer_alone(offline_page, site_url, screenshot):
+    page = offline_page
+    page.goto(f"{site_url}/cache-renting.html?embed=1")
+    page.wait_for_selector("html[data-kvx-drawn]", state="attached", timeout=20_000)
+    assert not page.locator("#try-this").is_visible()
+    assert not page.locator("header").is_visible()
+    assert page.locator("#kvx-readouts").is_visible()
+    screenshot(page, "cache-renting-embed")
