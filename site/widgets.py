@@ -6,13 +6,16 @@ them by these names, so an explainer's view only lays them out; it never writes 
 """
 from __future__ import annotations
 
-from bokeh.models import (AutocompleteInput, Button, ColumnDataSource, CustomJS, Div, Select, Slider,
-                          TextInput)
+from bokeh.models import (AutocompleteInput, Button, ColumnDataSource, CustomJS, Div, InlineStyleSheet, Select,
+                          Slider, TextInput)
 from bokeh.layouts import column, row
 
 # Every control tells the runtime that it changed; the runtime reads all values and asks the worker.
 ON_CHANGE = CustomJS(code="window.kvx && window.kvx.onControl(cb_obj)")
 SPEEDS = ["0.5×", "1×", "2×", "4×", "8×"]
+# Bokeh draws widgets in shadow DOM at 13px; projectors and tired eyes want larger type.
+READABLE = InlineStyleSheet(css=":host { font-size: 16px; } label { font-size: 15px; } "
+                                ".bk-input, .bk-btn { font-size: 16px; min-height: 36px; }")
 
 
 def _title(spec) -> str:
@@ -22,7 +25,7 @@ def _title(spec) -> str:
 def control(spec: dict, value, *, width: int = 190):
     """One control for one parameter, with its inline error message underneath."""
     name, title = spec["name"], _title(spec)
-    common = dict(name=f"param:{name}", title=title, width=width, description=spec["help"])
+    common = dict(name=f"param:{name}", title=title, width=width, description=spec["help"], stylesheets=[READABLE])
     if spec["kind"] == "choice" and spec.get("free"):
         widget = AutocompleteInput(value=str(value), completions=spec["choices"], restrict=False,
                                    min_characters=0, case_sensitive=False, **common)
@@ -32,7 +35,7 @@ def control(spec: dict, value, *, width: int = 190):
         widget = TextInput(value="" if value is None else f"{value:g}" if isinstance(value, float) else str(value),
                            placeholder="auto" if spec["optional"] else "", **common)
     widget.js_on_change("value", ON_CHANGE)
-    error = Div(name=f"error:{name}", text="", width=width, css_classes=["kvx-error"])
+    error = Div(name=f"error:{name}", text="", width=width, styles={"color": "#b91c1c", "font-size": "14px"})
     return column(widget, error, spacing=0)
 
 
@@ -59,7 +62,9 @@ def animation_controls(frames: int):
     speed = Select(title="", value="1×", options=SPEEDS, name="anim:speed", width=70)
     frame = Slider(start=0, end=max(1, frames - 1), value=frames - 1, step=1, title="frame", name="anim:frame",
                    width=300)
-    caption = Div(text="", name="anim:caption", css_classes=["kvx-caption"], sizing_mode="stretch_width")
+    caption = Div(text="", name="anim:caption", sizing_mode="stretch_width", styles={"font-size": "17px"})
+    for widget in (play, step_back, step, reset, speed, frame):
+        widget.stylesheets = [READABLE]
     for button, action in ((play, "toggle"), (step_back, "back"), (step, "step"), (reset, "reset")):
         button.js_on_event("button_click", CustomJS(code=f"window.kvx && window.kvx.anim.{action}()"))
     speed.js_on_change("value", CustomJS(code="window.kvx && window.kvx.anim.speed(cb_obj.value)"))

@@ -199,7 +199,7 @@ function startWorker() {
     const msg = event.data;
     if (msg.type === "ready") {
       state.ready = true;
-      html.dataset.pyReady = String(Math.round(performance.now() - t0));
+      html.dataset.pyReadyMs = String(Math.round(performance.now()));   // since navigation start
       html.setAttribute("data-py-ready", "");
       setStatus(`Python is ready (${((performance.now() - t0) / 1000).toFixed(1)} s): every control is live.`, "ready");
       if (state.queued) { state.queued = false; request(); }
@@ -256,7 +256,7 @@ window.kvx = { onControl: () => { if (!state.suppress) request(); }, anim: anima
 
 doc = await whenBokehReady();
 apply(cfg.baked, false);
-html.setAttribute("data-kvx-drawn", String(Math.round(performance.now())));
+html.setAttribute("data-kvx-drawn", String(Math.round(performance.now())));   // first plot, ms since navigation
 applyURL(location.search, true);
 document.addEventListener("keydown", onKey);
 document.addEventListener("click", onClick);

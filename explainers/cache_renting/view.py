@@ -16,11 +16,14 @@ def layout(params_cls, values: dict, data: dict):
     src = widgets.sources(data)
     x_start, x_end = data["ranges"]["memory_x"]
 
-    memory = figure(height=210, sizing_mode="stretch_width", x_range=Range1d(x_start, x_end, name="range:memory_x"),
-                    y_range=(0, 1.25), toolbar_location=None, title="The node's memory, filling up",
+    memory = figure(height=240, sizing_mode="stretch_width", x_range=Range1d(x_start, x_end, name="range:memory_x"),
+                    y_range=(0, 1.45), toolbar_location=None, title="The node's memory, filling up",
                     x_axis_label="GB (decimal) from the start of the node's memory")
     memory.quad(left="left", right="right", bottom=0, top=1, source=src["memory"], line_color="white",
-                line_width=0.5, fill_color=factor_cmap("kind", COLORS, KINDS))
+                line_width=0.5, fill_color=factor_cmap("kind", COLORS, KINDS), legend_field="kind")
+    memory.legend.orientation = "horizontal"
+    memory.legend.location = "top_left"
+    memory.legend.label_text_font_size = "13px"
     memory.segment(x0="x", x1="x", y0=0, y1=1.12, source=src["limits"], line_color="#111827", line_width=2,
                    line_dash="dashed")
     memory.add_layout(LabelSet(x="x", y=1.12, text="label", source=src["limits"], text_font_size="13px",
