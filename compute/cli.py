@@ -4,6 +4,7 @@
     kvx run SLUG name=value ... [--json]
     kvx build [OUT]
     kvx serve [--host 127.0.0.1] [--port 8000] [--site build/site]
+    kvx train NAME [--steps N] [--threads N] [--seed N] [--out DIR]
 """
 from __future__ import annotations
 
@@ -79,6 +80,18 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    import dataclasses
+
+    from kvx.compute.lm.train import CHECKPOINTS, CONFIGS, TrainSettings, train
+    if args.name not in CONFIGS:
+        print(f"kvx: there is no model {args.name!r}; the models are {', '.join(CONFIGS)}.", file=sys.stderr)
+        return 2
+    overrides = {k: v for k, v in (("steps", args.steps), ("threads", args.threads), ("seed", args.seed)) if v is not None}
+    train(args.name, dataclasses.replace(TrainSettings(), **overrides), Path(args.out or CHECKPOINTS))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="kvx", description="KV-cache explainers you can run.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -98,6 +111,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--site", default=None, help="the built site (default: $KVX_SITE_DIR or build/site)")
     p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("train", help="train one of the project's tiny models (deterministic; needs torch)")
+    p.add_argument("name")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--threads", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--out", default=None, help="checkpoint folder (default compute/lm/checkpoints)")
+    p.set_defaults(func=cmd_train)
     return ap
 
 

@@ -1,0 +1,202 @@
+"""Each kernel against its naive reference, at stated tolerances (float32 on the CPU)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kvx.compute.kernels import crosslayer, crossmodel, eviction, mla, paged, quant
+from kvx.compute.lm.model import LMConfig, TinyLM
+from kvx.compute.lm.train import CONFIGS
+from kvx.explainers.core.models import ModelPreset
+
+ATOL, RTOL = 1e-5, 1e-4          # float32: two summation orders of the same products
+
+
+@pytest.fixture(scope="module")
+def mla_model():
+    torch.manual_seed(0)
+    return TinyLM(LMConfig("t-mla", "mla", d_model=64, n_layers=2, n_heads=4, head_dim=16, kv_latent=24,
+                           rope_dim=8, max_len=256)).eval()
+
+
+@pytest.fixture(scope="module")
+def gqa_model():
+    torch.manual_seed(0)
+    return TinyLM(LMConfig("t-gqa", "gqa", d_model=64, n_layers=4, n_heads=4, head_dim=16, n_kv_heads=2,
+                           max_len=256)).eval()
+
+
+@pytest.mark.parametrize("batch,context", [(1, 1), (1, 37), (3, 200)])
+def test_mla_absorbed_and_materialized_equal_naive(mla_model, batch, context):
+    layer = mla_model.blocks[0].attn
+    inp = mla.decode_inputs(layer, batch, context, torch.Generator().manual_seed(batch * 1000 + context))
+    reference = mla.naive(layer, inp)
+    torch.testing.assert_close(mla.absorbed(layer, inp), reference, atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(mla.materialized(layer, inp, mla.materialize(layer, inp)), reference,
+                               atol=ATOL, rtol=RTOL)
+
+
+def test_mla_naive_decode_equals_the_models_own_attention(mla_model):
+    """The decode kernel's last-token output is what the full forward computes for that token."""
+    layer = mla_model.blocks[0].attn
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 50, 64, generator=g)
+    cos, sin = mla_model.cos[:50], mla_model.sin[:50]
+    with torch.no_grad():
+        full, _, _ = layer(x, cos, sin)
+        cache = layer.kv(x[:, :49], cos[:49], sin[:49])
+        q_nope, q_rope = layer.split_query(x[:, 49:], cos[49:50], sin[49:50])
+    inp = {**cache, "q_nope": q_nope, "q_rope": q_rope}
+    torch.testing.assert_close(mla.naive(layer, {**inp, "latent": layer.kv(x, cos, sin)["latent"],
+                                                  "k_rope": layer.kv(x, cos, sin)["k_rope"]}),
+                               full[:, 49:], atol=ATOL, rtol=RTOL)
+
+
+def test_mla_cache_bytes_match_the_explainer_formula(mla_model):
+    c = mla_model.c
+    preset = ModelPreset("t", "t", "MLA", c.n_layers, c.n_heads, c.n_heads, c.head_dim, 1, 1, "test",
+                         kv_latent=c.kv_latent, rope_dim=c.rope_dim)
+    per_layer = mla.cost(mla_model.blocks[0].attn, 1, 1000, 2)["cache_bytes_per_token"]
+    assert per_layer * c.n_layers == preset.kv_bytes_per_token(2) == c.cache_numbers_per_token() * 2
+    inp = mla.decode_inputs(mla_model.blocks[0].attn, 1, 10, torch.Generator().manual_seed(0))
+    assert inp["latent"].shape[-1] + inp["k_rope"].shape[-1] == c.kv_latent + c.rope_dim
+
+
+def test_mla_absorbed_reads_fewer_bytes_than_mha_but_does_more_flops():
+    """At DeepSeek-V3's shape (128 heads, head_dim 128, latent 512, rope 64), per cached token:
+    MHA reads 128 x 256 + 64 numbers and does 2*128*192 + 2*128*128 FLOPs; absorbed MLA reads 576 and
+    does 2*128*576 + 2*128*512."""
+    layer = TinyLM(LMConfig("v3", "mla", d_model=64, n_layers=1, n_heads=128, head_dim=128, kv_latent=512,
+                            rope_dim=64, max_len=8)).blocks[0].attn
+    s = 32768
+    c = mla.cost(layer, 1, s, 2)
+    assert c["materialized_bytes"] / c["absorbed_bytes"] == pytest.approx((128 * 256 + 64) / 576)
+    assert c["absorbed_flops"] / c["materialized_flops"] == pytest.approx(
+        (2 * 128 * 576 + 2 * 128 * 512) / (2 * 128 * 192 + 2 * 128 * 128), rel=1e-2)   # + the per-step absorb
+    assert c["naive_flops"] > c["absorbed_flops"] > c["materialized_flops"]
+
+
+@pytest.mark.parametrize("block_size,lens", [(16, [1, 16, 17, 100]), (4, [3, 8]), (32, [200])])
+def test_paged_decode_equals_contiguous_with_nan_in_unused_slots(block_size, lens):
+    g = torch.Generator().manual_seed(block_size)
+    b, s, hkv, d, h = len(lens), max(lens), 2, 16, 4
+    k, v = torch.randn(b, s, hkv, d, generator=g), torch.randn(b, s, hkv, d, generator=g)
+    q = torch.randn(b, h, d, generator=g)
+    seq_lens = torch.tensor(lens)
+    need = sum(math.ceil(n / block_size) for n in lens)
+    k_pool, table = paged.scatter_to_blocks(k, seq_lens, block_size, need + 5, torch.Generator().manual_seed(1))
+    v_pool, table_v = paged.scatter_to_blocks(v, seq_lens, block_size, need + 5, torch.Generator().manual_seed(1))
+    assert torch.equal(table, table_v)
+    assert torch.isnan(k_pool).any()                      # unused slots really are NaN
+    out = paged.paged_decode(q, k_pool, v_pool, table, seq_lens)
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out, paged.contiguous_decode(q, k, v, seq_lens), atol=ATOL, rtol=RTOL)
+
+
+def test_scatter_refuses_a_pool_that_is_too_small():
+    with pytest.raises(ValueError, match="num_blocks must be at least 3"):
+        paged.scatter_to_blocks(torch.zeros(1, 40, 1, 4), torch.tensor([40]), 16, 2, torch.Generator())
+
+
+@pytest.mark.parametrize("scheme,bound", [("int8-token", 0.01), ("int8-channel", 0.01), ("int4-token", 0.2),
+                                          ("int4-channel", 0.2), ("fp8", 0.05)])
+def test_quantization_error_is_bounded_and_ordered(scheme, bound):
+    x = torch.randn(2, 4, 256, 64, generator=torch.Generator().manual_seed(0))
+    err = quant.relative_error(x, scheme)
+    assert 0 < err < bound
+    # A symmetric integer code is off by at most half a step per number.
+    if scheme != "fp8":
+        kind, axis = scheme.split("-")
+        levels = {"int8": 127, "int4": 7}[kind]
+        scale = x.abs().amax(dim=-1 if axis == "token" else -2, keepdim=True) / levels
+        assert ((x - quant.quantize_dequantize(x, scheme)).abs() <= scale / 2 + 1e-6).all()
+
+
+def test_fewer_bits_more_error():
+    x = torch.randn(1, 2, 128, 32, generator=torch.Generator().manual_seed(1))
+    assert quant.relative_error(x, "int4-token") > quant.relative_error(x, "int8-token")
+
+
+def test_bits_per_number_counts_scales():
+    assert quant.bits_per_number("int4-token", tokens=100, channels=64) == 4 + 16 / 64
+    assert quant.bits_per_number("int8-channel", tokens=100, channels=64) == 8 + 16 / 100
+
+
+@pytest.mark.parametrize("name", sorted(eviction.POLICIES))
+@pytest.mark.parametrize("budget", [1, 5, 13, 40])
+def test_each_policy_keeps_exactly_its_budget(name, budget):
+    w = torch.rand(2, 3, 40, 40, generator=torch.Generator().manual_seed(budget)).tril()
+    keep = eviction.POLICIES[name].keep(w, budget, torch.Generator().manual_seed(0))
+    want = 40 if name == "full" else min(budget, 40)
+    assert (keep.sum(-1) == want).all()
+
+
+def test_streaming_llm_keeps_sinks_and_recent():
+    keep = eviction.StreamingLLM(sinks=4).keep(torch.rand(1, 1, 20, 20), 10)[0, 0]
+    assert keep.nonzero().flatten().tolist() == [0, 1, 2, 3, 14, 15, 16, 17, 18, 19]
+
+
+def test_h2o_keeps_the_heavy_hitter_and_the_recent_window():
+    w = torch.full((1, 1, 20, 20), 0.01).tril()
+    w[..., 7] = 5.0                                      # everyone attends to token 7
+    keep = eviction.H2O(recent_share=0.5).keep(w.tril(), 4)[0, 0]
+    # Accumulated: token 7 gets 5.0 from 13 queries; token 0 the most of the rest (0.01 from all 20).
+    assert keep.nonzero().flatten().tolist() == [0, 7, 18, 19]
+
+
+def test_snapkv_keeps_what_the_window_looks_at():
+    w = torch.zeros(1, 1, 30, 30)
+    w[..., 25:, 5] = 1.0                                 # the observation window attends to token 5
+    keep = eviction.SnapKV(window=5, kernel=1).keep(w, 6)[0, 0]
+    assert keep[5] and keep[25:].all() and keep.sum() == 6
+
+
+@pytest.mark.parametrize("model_name", ["gqa_model", "mla_model"])
+def test_full_cache_policy_changes_nothing(request, model_name):
+    model = request.getfixturevalue(model_name)
+    ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
+    r = eviction.evaluate(model, ids, 48, eviction.FullCache(), 1.0)
+    assert r["loss"] == pytest.approx(r["full_loss"], abs=1e-5) and r["top1_agreement"] == 1.0
+
+
+def test_eviction_masks_cut_only_the_continuations_view(gqa_model):
+    ids = torch.randint(0, 256, (1, 32), generator=torch.Generator().manual_seed(0))
+    _, weights, _ = gqa_model(ids, need_weights=True)
+    masks, kept = eviction.masks_for(gqa_model, weights, 24, eviction.StreamingLLM(sinks=2), 6)
+    m = masks[0][0, 0]
+    assert m[:24].all() and m[24:, 24:].all()                     # prefill and continuation untouched
+    assert m[24:, :24].sum(-1).eq(6).all()                        # each continuation query sees 6 prefix tokens
+
+
+def test_cka_is_one_for_rotated_copies_and_cosine_is_not():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(500, 32, generator=g, dtype=torch.float64)
+    rotation, _ = torch.linalg.qr(torch.randn(32, 32, generator=g, dtype=torch.float64))
+    assert crosslayer.linear_cka(x, x @ rotation) == pytest.approx(1.0, abs=1e-9)
+    assert abs(crosslayer.mean_cosine(x, x @ rotation)) < 0.3
+    assert crosslayer.linear_cka(x, torch.randn(500, 32, generator=g, dtype=torch.float64)) < 0.2
+
+
+def test_sharing_at_1_to_1_is_the_model_itself(gqa_model):
+    ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(0))
+    r = crosslayer.sharing_loss(gqa_model, ids, 1)
+    assert r["loss"] == pytest.approx(r["own_loss"], abs=1e-6) and r["memory_fraction"] == 1
+    assert crosslayer.sharing_loss(gqa_model, ids, 2)["memory_fraction"] == 0.5
+    assert crosslayer.sharing_loss(gqa_model, ids, 4)["memory_fraction"] == 0.25
+
+
+def test_cross_model_map_of_a_model_onto_itself_is_near_exact(gqa_model):
+    ids = torch.randint(0, 256, (4, 64), generator=torch.Generator().manual_seed(0))
+    fitted = crossmodel.fit(gqa_model, gqa_model, ids, ridge=1e-8)
+    r = crossmodel.evaluate(gqa_model, gqa_model, fitted, ids)
+    assert r["large_mapped_loss"] == pytest.approx(r["large_own_loss"], abs=1e-3)
+
+
+def test_training_configs_cache_what_the_formula_says():
+    for c in CONFIGS.values():
+        ids = torch.randint(0, 256, (1, 8))
+        _, _, caches = TinyLM(c)(ids, need_weights=True)
+        numbers = sum(sum(v.numel() for v in cache.values()) for cache in caches) // 8
+        assert numbers == c.cache_numbers_per_token()
