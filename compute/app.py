@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import mimetypes
+import typing
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,15 +19,60 @@ mimetypes.add_type("application/wasm", ".wasm")
 mimetypes.add_type("text/javascript", ".mjs")
 
 
-def _sentence(error: dict) -> tuple[str, str]:
-    """A pydantic error as (field, one sentence naming the field)."""
+def _bounds(model, field: str) -> tuple[object, object, bool]:
+    """(min, max, whole numbers only) of a body field, from its pydantic metadata."""
+    info = getattr(model, "model_fields", {}).get(field)
+    lo = hi = None
+    for m in getattr(info, "metadata", ()):
+        lo, hi = getattr(m, "ge", lo), getattr(m, "le", hi)
+    return lo, hi, getattr(info, "annotation", None) is int
+
+
+def _sentence(error: dict, model=None) -> tuple[str, str]:
+    """A pydantic error as (field, one sentence naming the field, the allowed range and the value given)."""
     loc = [str(part) for part in error.get("loc", ()) if part != "body"]
     field = loc[0] if loc else "body"        # the parameter, not the union member that failed
-    if error.get("type") == "extra_forbidden":
-        return field, f"{field} is not a parameter of this explainer; see GET /api/v1/explainers for the parameters."
+    got = error.get("input")
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        return field, f"{field} is not a parameter here; see the OpenAPI docs at /docs for the parameters."
     if field == "body":
         return field, f"The request body must be a JSON object of parameters; {error.get('msg', 'it was not')}."
-    return field, f"{field} must be a number or a name; got {error.get('input')!r}."
+    if kind == "value_error":                # a cross-field check: its own message is the sentence
+        return field, str(error.get("msg", "")).removeprefix("Value error, ")
+    if kind == "literal_error":
+        return field, f"{field} must be one of {error.get('ctx', {}).get('expected', '')}; got {got!r}."
+    lo, hi, whole = _bounds(model, field)
+    if lo is not None and hi is not None:
+        what = "a whole number" if whole else "a number"
+        return field, f"{field} must be {what} between {lo} and {hi}; got {got!r}."
+    return field, f"{field} must be a number or a name; got {got!r}."
+
+
+def _body_model(request: Request):
+    """The pydantic model of the matched route's body (unwrapping Optional), for its bounds."""
+    body = getattr(request.scope.get("route"), "body_field", None)
+    annotation = getattr(getattr(body, "field_info", None), "annotation", None)
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if hasattr(candidate, "model_fields"):
+            return candidate
+    return None
+
+
+def _include_kernels(app: FastAPI, settings: Settings) -> None:
+    """The real kernels need PyTorch (the `kernels` extra); without it they say so instead of failing."""
+    try:
+        from kvx.compute.jobs import JobRunner
+        from kvx.compute.routers import kernels
+    except ImportError as err:
+        @app.api_route("/api/v1/kernels/{name}", methods=["GET", "POST"], include_in_schema=False)
+        def no_kernels(name: str):
+            return JSONResponse(status_code=503, content={"detail": f"The kernels need PyTorch ({err}); install "
+                                                                    f"kvx[kernels] to run them on this server."})
+        return
+    app.state.jobs = JobRunner(settings.kernel_workers, settings.kernel_queue,
+                               time_limit_s=settings.kernel_time_limit_s)
+    app.include_router(kernels.router, prefix="/api/v1")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -48,13 +94,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def validation_sentences(request: Request, exc: RequestValidationError):
         detail = {}
+        model = _body_model(request)
         for error in exc.errors():
-            field, msg = _sentence(error)
+            field, msg = _sentence(error, model)
             detail.setdefault(field, {"loc": ["body", field], "msg": msg, "type": error.get("type", "value_error")})
         return JSONResponse(status_code=422, content={"detail": list(detail.values())})
 
     app.include_router(health.router, prefix="/api/v1")
     app.include_router(explainers.router, prefix="/api/v1")
+    _include_kernels(app, settings)
 
     if settings.site_dir.is_dir():
         app.mount("/", StaticFiles(directory=settings.site_dir, html=True), name="site")
