@@ -11,7 +11,7 @@ PORT ?= 8000
 
 $(BIN)/kvx: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[kernels,test]'
+	$(BIN)/pip install -q -e '.[kernels,hf,test]'
 	touch $@
 
 setup: $(BIN)/kvx
@@ -36,3 +36,4 @@ test: $(BIN)/kvx chromium pyodide
 
 bench: build chromium
 	$(BIN)/python tests/benchmarks/bench_pages.py --site build/site
+	$(BIN)/python tests/benchmarks/bench_kernels.py

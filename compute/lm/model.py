@@ -36,6 +36,12 @@ class LMConfig:
     mlp_mult: int = 4
     max_len: int = 512
     rope_base: float = 10000.0
+    # What a Hugging Face checkpoint needs (see hf.py); the project's own models use the defaults.
+    vocab: int = VOCAB
+    mlp_hidden: int = 0          # 0: mlp_mult * d_model
+    norm_eps: float = 1e-6
+    qkv_bias: bool = False
+    tie_embeddings: bool = True
 
     def __post_init__(self):
         if self.attention not in ("gqa", "mla"):
@@ -95,9 +101,9 @@ class GQAAttention(nn.Module):
     def __init__(self, c: LMConfig):
         super().__init__()
         self.c = c
-        self.wq = nn.Linear(c.d_model, c.n_heads * c.head_dim, bias=False)
-        self.wk = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=False)
-        self.wv = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=False)
+        self.wq = nn.Linear(c.d_model, c.n_heads * c.head_dim, bias=c.qkv_bias)
+        self.wk = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.wv = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
         self.wo = nn.Linear(c.n_heads * c.head_dim, c.d_model, bias=False)
 
     def kv(self, x, cos, sin):
@@ -163,9 +169,9 @@ class MLAAttention(nn.Module):
 class Block(nn.Module):
     def __init__(self, c: LMConfig):
         super().__init__()
-        self.norm1, self.norm2 = RMSNorm(c.d_model), RMSNorm(c.d_model)
+        self.norm1, self.norm2 = RMSNorm(c.d_model, c.norm_eps), RMSNorm(c.d_model, c.norm_eps)
         self.attn = GQAAttention(c) if c.attention == "gqa" else MLAAttention(c)
-        hidden = c.mlp_mult * c.d_model
+        hidden = c.mlp_hidden or c.mlp_mult * c.d_model
         self.up = nn.Linear(c.d_model, 2 * hidden, bias=False)
         self.down = nn.Linear(hidden, c.d_model, bias=False)
 
@@ -180,9 +186,10 @@ class TinyLM(nn.Module):
     def __init__(self, c: LMConfig):
         super().__init__()
         self.c = c
-        self.embed = nn.Embedding(VOCAB, c.d_model)
+        self.embed = nn.Embedding(c.vocab, c.d_model)
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
-        self.norm = RMSNorm(c.d_model)
+        self.norm = RMSNorm(c.d_model, c.norm_eps)
+        self.head = None if c.tie_embeddings else nn.Linear(c.d_model, c.vocab, bias=False)
         rope = c.head_dim if c.attention == "gqa" else c.rope_dim
         cos, sin = rope_tables(c.max_len, rope, c.rope_base)
         self.register_buffer("cos", cos, persistent=False)
@@ -193,6 +200,8 @@ class TinyLM(nn.Module):
     def _init(m):
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
 
     def forward(self, ids, need_weights=False, masks=None, kv_transform=None):
         """Logits [B, T, vocab]; with need_weights, also each layer's attention weights and KV caches.
@@ -210,5 +219,6 @@ class TinyLM(nn.Module):
             x, w, cache = block(x, cos, sin, need_weights, None if masks is None else masks[i], transform)
             weights.append(w)
             caches.append(cache)
-        logits = self.norm(x) @ self.embed.weight.T
+        x = self.norm(x)
+        logits = x @ self.embed.weight.T if self.head is None else self.head(x)
         return (logits, weights, caches) if need_weights else logits
