@@ -10,12 +10,20 @@ from bokeh.models import (AutocompleteInput, Button, ColumnDataSource, CustomJS,
                           Slider, TextInput)
 from bokeh.layouts import column, row
 
-# Every control tells the runtime that it changed; the runtime reads all values and asks the worker.
-ON_CHANGE = CustomJS(code="window.kvx && window.kvx.onControl(cb_obj)")
 SPEEDS = ["0.5×", "1×", "2×", "4×", "8×"]
 # Bokeh draws widgets in shadow DOM at 13px; projectors and tired eyes want larger type.
-READABLE = InlineStyleSheet(css=":host { font-size: 16px; } label { font-size: 15px; } "
-                                ".bk-input, .bk-btn { font-size: 16px; min-height: 36px; }")
+READABLE_CSS = (":host { font-size: 16px; } label { font-size: 15px; } "
+                ".bk-input, .bk-btn { font-size: 16px; min-height: 36px; }")
+
+
+# Bokeh models belong to one document, so each page gets its own instances of these two.
+def readable() -> InlineStyleSheet:
+    return InlineStyleSheet(css=READABLE_CSS)
+
+
+def on_change() -> CustomJS:
+    """Every control tells the runtime that it changed; the runtime reads all values and asks the worker."""
+    return CustomJS(code="window.kvx && window.kvx.onControl(cb_obj)")
 
 
 def _title(spec) -> str:
@@ -25,7 +33,7 @@ def _title(spec) -> str:
 def control(spec: dict, value, *, width: int = 190):
     """One control for one parameter, with its inline error message underneath."""
     name, title = spec["name"], _title(spec)
-    common = dict(name=f"param:{name}", title=title, width=width, description=spec["help"], stylesheets=[READABLE])
+    common = dict(name=f"param:{name}", title=title, width=width, description=spec["help"], stylesheets=[readable()])
     if spec["kind"] == "choice" and spec.get("free"):
         widget = AutocompleteInput(value=str(value), completions=spec["choices"], restrict=False,
                                    min_characters=0, case_sensitive=False, **common)
@@ -34,7 +42,7 @@ def control(spec: dict, value, *, width: int = 190):
     else:
         widget = TextInput(value="" if value is None else f"{value:g}" if isinstance(value, float) else str(value),
                            placeholder="auto" if spec["optional"] else "", **common)
-    widget.js_on_change("value", ON_CHANGE)
+    widget.js_on_change("value", on_change())
     error = Div(name=f"error:{name}", text="", width=width, styles={"color": "#b91c1c", "font-size": "14px"})
     return column(widget, error, spacing=0)
 
@@ -64,7 +72,7 @@ def animation_controls(frames: int):
                    width=300)
     caption = Div(text="", name="anim:caption", sizing_mode="stretch_width", styles={"font-size": "17px"})
     for widget in (play, step_back, step, reset, speed, frame):
-        widget.stylesheets = [READABLE]
+        widget.stylesheets = [readable()]
     for button, action in ((play, "toggle"), (step_back, "back"), (step, "step"), (reset, "reset")):
         button.js_on_event("button_click", CustomJS(code=f"window.kvx && window.kvx.anim.{action}()"))
     speed.js_on_change("value", CustomJS(code="window.kvx && window.kvx.anim.speed(cb_obj.value)"))

@@ -142,3 +142,29 @@ def test_embed_mode_shows_the_explainer_alone(offline_page, site_url, screenshot
     assert not page.locator("header").is_visible()
     assert page.locator("#kvx-readouts").is_visible()
     screenshot(page, "cache-renting-embed")
+
+
+# One change of a typed control per explainer: the generic check every page must pass.
+CHANGES = {"cache-renting": {"context": "64000"}, "quantization": {"batch": "16", "context": "128000"}}
+
+
+def test_every_explainer_has_a_browser_change():
+    assert set(CHANGES) == set(REGISTRY)
+
+
+@pytest.mark.parametrize("slug", sorted(REGISTRY))
+def test_explainer_goes_live_and_matches_cpython(offline_page, site_url, screenshot, slug):
+    page = offline_page
+    page.goto(f"{site_url}/{slug}.html")
+    page.wait_for_selector("html[data-kvx-drawn]", state="attached", timeout=20_000)
+    assert_sources_equal(page, expected(slug))                       # baked, before Python
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+    for name, value in CHANGES[slug].items():
+        before = applied(page)
+        set_control(page, name, value)
+        wait_applied(page, before)
+    assert_sources_equal(page, expected(slug, **CHANGES[slug]))
+    for name, value in CHANGES[slug].items():
+        assert f"{name}={value}" in page.url
+    assert page.locator("#kvx-formula .kvx-formula-line").count() >= 3
+    screenshot(page, f"{slug}-changed")

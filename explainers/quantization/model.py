@@ -1,0 +1,193 @@
+"""Smaller weights run faster, a smaller cache does not (until the cache is what you read).
+
+One decode step of a batch reads every weight once and every sequence's whole KV cache once. On a
+GPU that step is almost always limited by memory bandwidth, so its time is bytes over bandwidth,
+and a precision only speeds it up in proportion to the share of the bytes it shrinks.
+Standard library only: this module runs in the browser.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..core.dtypes import DTYPE_BITS, dtype_bytes
+from ..core.gpus import GPUS
+from ..core.models import MODELS
+from ..core.params import Params, choice, integer
+from ..core.units import bytes_si, thousands, tokens
+
+DTYPES = tuple(DTYPE_BITS)
+BASELINE = "bf16"
+CURVE_CONTEXTS = [round(2 ** (7 + i / 2)) for i in range(0, 2 * 13 + 1)]     # 128 .. 1,048,576 tokens
+CURVE_BATCHES = [2 ** i for i in range(0, 13)]                                # 1 .. 4,096
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizationParams(Params):
+    model: str = choice("llama-3-8b", MODELS, help="Model preset (shapes from each model's config.json)")
+    gpu: str = choice("h100-sxm", GPUS, help="Accelerator preset (datasheet bandwidth and dense BF16 FLOP/s)")
+    weight_dtype: str = choice("int4", DTYPES, parse=dtype_bytes, unit="dtype or bits",
+                               help="Weight precision: a dtype or an average bit-width such as 4.5")
+    kv_dtype: str = choice("int4", DTYPES, parse=dtype_bytes, unit="dtype or bits",
+                           help="KV cache precision: a dtype or an average bit-width such as 4.5")
+    context: int = integer(2_000, unit="tokens", min=1, max=10_000_000, help="Tokens in each sequence's cache")
+    batch: int = integer(1, unit="sequences", min=1, max=65_536, help="Sequences decoded together")
+
+
+def attention_flops_per_cached_token(m) -> float:
+    """FLOPs one new token spends on each cached token, all layers: scores, then the weighted sum.
+
+    MHA/GQA/MQA: 2 x heads x head_dim for q.k plus the same for weights x V.
+    MLA (absorbed, as DeepSeek decodes): 2 x heads x (latent + rope) plus 2 x heads x latent.
+    """
+    if m.attention == "MLA":
+        return m.layers * (2 * m.q_heads * (m.kv_latent + m.rope_dim) + 2 * m.q_heads * m.kv_latent)
+    return m.layers * 4 * m.q_heads * m.head_dim
+
+
+def step(m, gpu, weight_dtype: str, kv_dtype: str, context: int, batch: int) -> dict:
+    """One decode step of `batch` sequences: bytes, FLOPs, time and tokens per second."""
+    active = m.active_params or m.params
+    weight_bytes = active * dtype_bytes(weight_dtype)
+    kv_bytes = batch * context * m.kv_bytes_per_token(dtype_bytes(kv_dtype))
+    flops = 2 * active * batch + batch * context * attention_flops_per_cached_token(m)
+    memory_s = (weight_bytes + kv_bytes) / (gpu.bandwidth_gbs * 1e9)
+    compute_s = flops / (gpu.bf16_tflops * 1e12)
+    seconds = max(memory_s, compute_s)
+    return {
+        "weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "bytes": weight_bytes + kv_bytes, "flops": flops,
+        "memory_seconds": memory_s, "compute_seconds": compute_s, "seconds": seconds,
+        "bound": "memory" if memory_s >= compute_s else "compute",
+        "intensity": flops / (weight_bytes + kv_bytes),
+        "tokens_per_s_per_user": 1 / seconds, "tokens_per_s_total": batch / seconds,
+    }
+
+
+VARIANTS = ("neither quantized", "weights quantized", "cache quantized", "both quantized")
+
+
+def variants(p: QuantizationParams) -> dict[str, tuple[str, str]]:
+    """The four combinations the claim compares, as (weight dtype, cache dtype). The names are fixed
+    (the plots' categories); the labels say which dtypes they are now."""
+    return dict(zip(VARIANTS, [(BASELINE, BASELINE), (p.weight_dtype, BASELINE), (BASELINE, p.kv_dtype),
+                               (p.weight_dtype, p.kv_dtype)]))
+
+
+def crossover_context(m, weight_dtype: str, kv_dtype: str, batch: int) -> float:
+    """The context at which the batch's cache is as many bytes as the weights."""
+    return (m.active_params or m.params) * dtype_bytes(weight_dtype) / (batch * m.kv_bytes_per_token(dtype_bytes(kv_dtype)))
+
+
+def evaluate(p: QuantizationParams) -> dict:
+    m, gpu = MODELS[p.model], GPUS[p.gpu]
+    chosen = step(m, gpu, p.weight_dtype, p.kv_dtype, p.context, p.batch)
+    base = step(m, gpu, BASELINE, BASELINE, p.context, p.batch)
+    weights_only = step(m, gpu, p.weight_dtype, BASELINE, p.context, p.batch)
+    cache_only = step(m, gpu, BASELINE, p.kv_dtype, p.context, p.batch)
+    memory_needed = (m.params * dtype_bytes(p.weight_dtype)
+                     + p.batch * p.context * m.kv_bytes_per_token(dtype_bytes(p.kv_dtype)))
+    return {
+        **chosen,
+        "cache_share": chosen["kv_bytes"] / chosen["bytes"],
+        "speedup_from_weights": base["seconds"] / weights_only["seconds"],
+        "speedup_from_cache": base["seconds"] / cache_only["seconds"],
+        "speedup_from_both": base["seconds"] / chosen["seconds"],
+        "crossover_context": crossover_context(m, p.weight_dtype, p.kv_dtype, p.batch),
+        "memory_needed_bytes": memory_needed,
+        "fits_one_gpu": memory_needed <= gpu.memory_bytes,
+    }
+
+
+def page_data(p: QuantizationParams) -> dict:
+    m, gpu = MODELS[p.model], GPUS[p.gpu]
+    r = evaluate(p)
+    combos = variants(p)
+    steps = {name: step(m, gpu, w, kv, p.context, p.batch) for name, (w, kv) in combos.items()}
+    names = list(steps)
+    ridge = gpu.bf16_tflops * 1e12 / (gpu.bandwidth_gbs * 1e9)
+    intensities = [10 ** (i / 4) for i in range(-4, 17)]                 # 0.1 .. 10,000 FLOP/byte
+    curve = {name: [step(m, gpu, w, kv, c, p.batch)["tokens_per_s_per_user"] for c in CURVE_CONTEXTS]
+             for name, (w, kv) in variants(p).items()}
+    batches = sorted(set(CURVE_BATCHES + [p.batch]))
+    return {
+        "sources": {
+            "bytes": {"variant": names, "weights_gb": [s["weight_bytes"] / 1e9 for s in steps.values()],
+                      "cache_gb": [s["kv_bytes"] / 1e9 for s in steps.values()],
+                      "total_gb": [s["bytes"] / 1e9 for s in steps.values()],
+                      "ms": [s["seconds"] * 1e3 for s in steps.values()],
+                      "label": [f"{combos[n][0]} weights, {combos[n][1]} cache: {s['seconds'] * 1e3:.2f} ms/step, "
+                                f"{s['tokens_per_s_per_user']:,.0f} tok/s per user" for n, s in steps.items()]},
+            "roofline": {"intensity": intensities,
+                         "tflops": [min(gpu.bf16_tflops, x * gpu.bandwidth_gbs / 1e3) for x in intensities]},
+            "points": {"variant": [f"{n} ({w}/{kv})" for n, (w, kv) in combos.items()], "intensity": [s["intensity"] for s in steps.values()],
+                       "tflops": [s["flops"] / s["seconds"] / 1e12 for s in steps.values()]},
+            "speed": {"context": CURVE_CONTEXTS, **{f"v{i}": curve[n] for i, n in enumerate(names)}},
+            "crossover": {"batch": batches,
+                          "context": [crossover_context(m, p.weight_dtype, p.kv_dtype, b) for b in batches]},
+            "here": {"batch": [p.batch], "context": [p.context],
+                     "text": [f"you: cache is {r['cache_share']:.0%} of the bytes"]},
+        },
+        "ranges": {},
+        "formula": formula(p, r, ridge),
+        "readouts": readouts(p, r),
+        "notes": notes(p, r),
+        "variants": names,
+    }
+
+
+def formula(p: QuantizationParams, r: dict, ridge: float) -> list[dict]:
+    m, gpu = MODELS[p.model], GPUS[p.gpu]
+    active = m.active_params or m.params
+    per_token = m.kv_bytes_per_token(dtype_bytes(p.kv_dtype))
+    return [
+        {"name": "Weight bytes per step", "formula": "active params × weight bytes",
+         "substituted": f"{active / 1e9:g}e9 × {dtype_bytes(p.weight_dtype):g} B",
+         "result": bytes_si(r["weight_bytes"], 2)},
+        {"name": "Cache bytes per step", "formula": "batch × context × KV bytes per token",
+         "substituted": f"{thousands(p.batch)} × {tokens(p.context)} × {thousands(per_token)} B",
+         "result": bytes_si(r["kv_bytes"], 2)},
+        {"name": "Memory time", "formula": "(weight bytes + cache bytes) ÷ bandwidth",
+         "substituted": f"{bytes_si(r['bytes'], 2)} ÷ {gpu.bandwidth_gbs:,g} GB/s",
+         "result": f"{r['memory_seconds'] * 1e3:.3f} ms"},
+        {"name": "Compute time", "formula": "(2 × active params × batch + batch × context × attention FLOPs/token) "
+                                            "÷ peak FLOP/s",
+         "substituted": f"{r['flops'] / 1e12:.4g} TFLOP ÷ {gpu.bf16_tflops:,g} TFLOP/s",
+         "result": f"{r['compute_seconds'] * 1e3:.3f} ms"},
+        {"name": "Step time", "formula": "max(memory time, compute time)  (roofline)",
+         "substituted": f"max({r['memory_seconds'] * 1e3:.3f}, {r['compute_seconds'] * 1e3:.3f}) ms; "
+                        f"intensity {r['intensity']:.3g} FLOP/B vs ridge {ridge:.0f} FLOP/B",
+         "result": f"{r['seconds'] * 1e3:.3f} ms, {r['bound']}-bound"},
+        {"name": "Tokens per second", "formula": "per user: 1 ÷ step time; in total: batch ÷ step time",
+         "substituted": f"1 ÷ {r['seconds'] * 1e3:.3f} ms; {thousands(p.batch)} ÷ {r['seconds'] * 1e3:.3f} ms",
+         "result": f"{r['tokens_per_s_per_user']:,.0f} per user, {r['tokens_per_s_total']:,.0f} in total"},
+        {"name": "Crossover context", "formula": "weight bytes ÷ (batch × KV bytes per token)",
+         "substituted": f"{bytes_si(r['weight_bytes'], 2)} ÷ ({thousands(p.batch)} × {thousands(per_token)} B)",
+         "result": f"{tokens(r['crossover_context'])} tokens"},
+    ]
+
+
+def readouts(p: QuantizationParams, r: dict) -> list[dict]:
+    return [
+        {"label": f"{p.weight_dtype} weights", "value": f"{r['speedup_from_weights']:.2f}×",
+         "detail": f"faster than {BASELINE} weights (cache at {BASELINE})"},
+        {"label": f"{p.kv_dtype} cache", "value": f"{r['speedup_from_cache']:.2f}×",
+         "detail": f"faster than a {BASELINE} cache (weights at {BASELINE})"},
+        {"label": "Cache share of bytes", "value": f"{r['cache_share']:.0%}",
+         "detail": f"{bytes_si(r['kv_bytes'])} of {bytes_si(r['bytes'])} read per step"},
+        {"label": "Per user", "value": f"{r['tokens_per_s_per_user']:,.0f} tok/s",
+         "detail": f"{r['seconds'] * 1e3:.2f} ms per step, {r['bound']}-bound"},
+        {"label": "In total", "value": f"{r['tokens_per_s_total']:,.0f} tok/s",
+         "detail": f"batch of {thousands(p.batch)}"},
+    ]
+
+
+def notes(p: QuantizationParams, r: dict) -> list[str]:
+    m, gpu = MODELS[p.model], GPUS[p.gpu]
+    out = []
+    if not r["fits_one_gpu"]:
+        out.append(f"This needs {bytes_si(r['memory_needed_bytes'])} of memory, more than one {gpu.title} has "
+                   f"({gpu.memory_gb:g} GB): the timing is per GPU's worth of bytes, as if spread over several.")
+    if m.active_params:
+        out.append(f"{m.title} is a mixture of experts: a step reads only its {m.active_params / 1e9:g}B active "
+                   f"parameters at batch 1, and more experts as the batch grows.")
+    return out
+
