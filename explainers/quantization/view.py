@@ -22,7 +22,7 @@ def layout(params_cls, values: dict, data: dict):
     names = data["variants"]
 
     bytes_fig = figure(height=280, sizing_mode="stretch_width", y_range=FactorRange(*reversed(names)),
-                       x_range=DataRange1d(start=0, range_padding=0.9, range_padding_units="percent"),
+                       x_range=DataRange1d(start=0, range_padding=1.4, range_padding_units="percent"),
                        toolbar_location=None, title="Bytes one decode step reads (weights, then cache)",
                        x_axis_label="GB per step (decimal)")
     bytes_fig.hbar_stack(["weights_gb", "cache_gb"], y="variant", height=0.6, color=[COLORS[0], COLORS[1]],
@@ -63,6 +63,6 @@ def layout(params_cls, values: dict, data: dict):
 
     for fig in (bytes_fig, roof, speed, cross):
         _style(fig)
-    controls = widgets.controls(params_cls, values, free_choices=("weight_dtype", "kv_dtype"), per_row=6)
+    controls = widgets.controls(params_cls, values, free_choices=("weight_dtype", "kv_dtype"), per_row=5)
     return column(controls, bytes_fig, row(roof, cross, sizing_mode="stretch_width"), speed,
                   sizing_mode="stretch_width")
