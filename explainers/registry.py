@@ -9,6 +9,7 @@ import json
 from typing import Any, Callable
 
 from .cache_renting import model as cache_renting
+from .paging import model as paging
 from .quantization import model as quantization
 from .core.params import ParamError, Params
 
@@ -25,6 +26,8 @@ class Explainer:
     evaluate: Callable[[Any], dict]       # named results, for `kvx run` and the API
     page_data: Callable[[Any], dict]      # what the page draws, for the browser and the site build
     glossary: tuple[str, ...] = ()        # glossary terms the page links to
+    # Animations whose frames are not cumulative ask the model for one frame at a time.
+    frame_data: Callable[[Any, int], dict] | None = None
 
     def describe(self) -> dict:
         return {"slug": self.slug, "title": self.title, "level": self.level, "claim": self.claim,
@@ -43,6 +46,19 @@ REGISTRY: dict[str, Explainer] = {e.slug: e for e in [
         page_data=cache_renting.page_data,
         glossary=("kv-cache", "pagedattention", "kv-cache-quantization", "preemption", "kv-cache-offloading",
                   "gqa", "mla"),
+    ),
+    Explainer(
+        slug="paging",
+        title="Reserve for the worst case, or page",
+        level="beginner",
+        claim=("A server that reserves each request's maximum length up front keeps only about a quarter of its KV "
+               "memory full of real tokens, while one that hands out small blocks on demand fills more than nine "
+               "tenths of it and wastes less than a block per request."),
+        params=paging.PagingParams,
+        evaluate=paging.evaluate,
+        page_data=paging.page_data,
+        frame_data=paging.frame_data,
+        glossary=("kv-cache", "pagedattention", "block-table", "preemption", "kv-cache-offloading"),
     ),
     Explainer(
         slug="quantization",
@@ -83,7 +99,11 @@ def page_json(slug: str, params_json: str) -> str:
     """
     try:
         explainer = get(slug)
-        params = explainer.params.from_mapping(json.loads(params_json))
+        values = json.loads(params_json)
+        frame = values.pop("_frame", None)              # a request for one animation frame, not a parameter
+        params = explainer.params.from_mapping(values)
+        if frame is not None and explainer.frame_data is not None:
+            return json.dumps({"ok": True, "params": params.as_dict(), "data": explainer.frame_data(params, int(frame))})
         return json.dumps({"ok": True, "params": params.as_dict(), "data": explainer.page_data(params)})
     except ParamError as err:
         return json.dumps({"ok": False, "field": err.field, "message": str(err)})

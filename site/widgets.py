@@ -78,3 +78,9 @@ def animation_controls(frames: int):
     speed.js_on_change("value", CustomJS(code="window.kvx && window.kvx.anim.speed(cb_obj.value)"))
     frame.js_on_change("value", CustomJS(code="window.kvx && window.kvx.anim.seek(cb_obj.value)"))
     return column(row(play, step_back, step, reset, speed, frame), caption, sizing_mode="stretch_width")
+
+
+def text(name: str, **kwargs) -> Div:
+    """A block of text the model writes (data["texts"][name]), such as a block table."""
+    return Div(text="", name=f"text:{name}", sizing_mode="stretch_width",
+               styles={"font-size": "16px", "font-family": "ui-monospace, 'DejaVu Sans Mono', monospace"}, **kwargs)

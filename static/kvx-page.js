@@ -10,7 +10,7 @@ const cfg = JSON.parse(document.getElementById("kvx-config").textContent);
 const html = document.documentElement;
 const names = Object.keys(cfg.defaults);
 const state = { data: cfg.baked, frame: 0, timer: null, speed: 1, latest: 0, sentAt: 0, ready: false,
-                queued: false, suppress: false, applied: 0 };
+                queued: false, suppress: false, applied: 0, latestFrame: 0, queuedFrame: null };
 const timings = [];
 let doc = null;
 let worker = null;
@@ -80,7 +80,28 @@ function request() {
   worker.postMessage({ type: "run", id: state.latest, slug: cfg.slug, params });
 }
 
+// Animations whose frames are not cumulative ask the model for each frame (the latest ask wins).
+function requestFrame(k) {
+  if (!state.ready) { state.queuedFrame = k; return; }
+  state.latestFrame += 1;
+  const params = { ...readParams(), _frame: k };
+  worker.postMessage({ type: "run", id: `frame-${state.latestFrame}`, slug: cfg.slug, params });
+}
+
+function onFrame(id, reply) {
+  if (id !== `frame-${state.latestFrame}` || !reply.ok) return;
+  if (JSON.stringify(reply.params) !== JSON.stringify(state.params)) return;   // from before a change
+  const data = reply.data;
+  for (const [key, cols] of Object.entries(data.sources)) model(`source:${key}`).data = cols;
+  state.data.animation = data.animation;
+  applyTexts(data.texts || {});
+  model("anim:caption").text = data.animation.caption || "";
+  html.dataset.kvxFrame = String(data.animation.frame);
+  html.dataset.kvxFrameApplied = String(Number(html.dataset.kvxFrameApplied || 0) + 1);
+}
+
 function onResult(id, reply) {
+  if (typeof id === "string") return onFrame(id, reply);
   if (id !== state.latest) return;            // a newer request is on its way
   if (!reply.ok) {
     showErrors(reply.field, reply.message);
@@ -88,6 +109,7 @@ function onResult(id, reply) {
     return;
   }
   showErrors(null, "");
+  state.params = reply.params;
   apply(reply.data, true);
   timings.push(performance.now() - state.sentAt);
   state.applied += 1;
@@ -99,7 +121,7 @@ function apply(data, keepFrame) {
   const wasAtEnd = state.frame >= lastFrame();
   state.data = data;
   for (const [key, cols] of Object.entries(data.sources)) {
-    if (!(anim() && key === anim().source)) model(`source:${key}`).data = cols;
+    if (!(anim() && key === anim().source)) model(`source:${key}`).data = cols;   // cumulative: showFrame
   }
   for (const [name, [start, end]] of Object.entries(data.ranges || {})) {
     const r = model(`range:${name}`);
@@ -111,11 +133,22 @@ function apply(data, keepFrame) {
     state.suppress = true;
     slider.end = Math.max(1, lastFrame());
     state.suppress = false;
-    showFrame(keepFrame && !wasAtEnd ? Math.min(state.frame, lastFrame()) : lastFrame());
+    const k = keepFrame && !wasAtEnd ? Math.min(state.frame, lastFrame()) : lastFrame();
+    if (anim().mode === "on_demand") {
+      showFrameLocal(anim().frame, anim().caption);
+      if (k !== anim().frame) showFrame(k);
+    } else {
+      showFrame(k);
+    }
   }
+  applyTexts(data.texts || {});
   renderFormula(data.formula || []);
   renderReadouts(data.readouts || []);
   document.getElementById("kvx-notes").textContent = (data.notes || []).join(" ");
+}
+
+function applyTexts(texts) {
+  for (const [name, text] of Object.entries(texts)) model(`text:${name}`).text = text;
 }
 
 function el(tag, cls, text) {
@@ -146,9 +179,24 @@ function renderReadouts(items) {
 }
 
 // ---- animation -----------------------------------------------------------------------------------
+// The slider, the URL's step and the frame counter, without drawing (on-demand frames draw on reply).
+function showFrameLocal(k, caption) {
+  state.frame = k;
+  state.suppress = true;
+  model("anim:frame").value = k;
+  state.suppress = false;
+  if (caption !== undefined) model("anim:caption").text = caption;
+  html.dataset.kvxFrame = String(k);
+}
+
 function showFrame(k) {
   const a = anim();
   k = Math.max(0, Math.min(lastFrame(), Math.round(k)));
+  if (a.mode === "on_demand") {
+    showFrameLocal(k);
+    requestFrame(k);
+    return;
+  }
   state.frame = k;
   const full = state.data.sources[a.source];
   const keep = [];
@@ -203,6 +251,7 @@ function startWorker() {
       html.setAttribute("data-py-ready", "");
       setStatus(`Python is ready (${((performance.now() - t0) / 1000).toFixed(1)} s): every control is live.`, "ready");
       if (state.queued) { state.queued = false; request(); }
+      if (state.queuedFrame !== null) { const k = state.queuedFrame; state.queuedFrame = null; requestFrame(k); }
     } else if (msg.type === "failed") {
       setStatus(`Python could not start (${msg.message}); the plots keep the precomputed values.`, "failed");
     } else if (msg.type === "result") {
@@ -255,6 +304,7 @@ function whenBokehReady() {
 window.kvx = { onControl: () => { if (!state.suppress) request(); }, anim: animation, timings, state };
 
 doc = await whenBokehReady();
+state.params = cfg.defaults;
 apply(cfg.baked, false);
 html.setAttribute("data-kvx-drawn", String(Math.round(performance.now())));   // first plot, ms since navigation
 applyURL(location.search, true);

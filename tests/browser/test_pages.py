@@ -145,7 +145,8 @@ def test_embed_mode_shows_the_explainer_alone(offline_page, site_url, screenshot
 
 
 # One change of a typed control per explainer: the generic check every page must pass.
-CHANGES = {"cache-renting": {"context": "64000"}, "quantization": {"batch": "16", "context": "128000"}}
+CHANGES = {"cache-renting": {"context": "64000"}, "quantization": {"batch": "16", "context": "128000"},
+           "paging": {"block_size": "64"}}
 
 
 def test_every_explainer_has_a_browser_change():
@@ -168,3 +169,26 @@ def test_explainer_goes_live_and_matches_cpython(offline_page, site_url, screens
         assert f"{name}={value}" in page.url
     assert page.locator("#kvx-formula .kvx-formula-line").count() >= 3
     screenshot(page, f"{slug}-changed")
+
+
+def test_paging_steps_on_demand_frames_that_equal_cpython(offline_page, site_url):
+    from kvx.explainers.paging.model import PagingParams, frame_data
+    page = offline_page
+    page.goto(f"{site_url}/paging.html")
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+    page.evaluate("window.kvx.anim.reset()")
+    page.wait_for_function("Number(document.documentElement.dataset.kvxFrameApplied || 0) >= 1", timeout=30_000)
+    page.locator("body").click(position={"x": 5, "y": 5})
+    for _ in range(3):
+        page.keyboard.press("ArrowRight")
+    page.wait_for_function("document.documentElement.dataset.kvxFrame === '3' && "
+                           "Number(document.documentElement.dataset.kvxFrameApplied) >= 2", timeout=30_000)
+    page.wait_for_timeout(300)                                  # let the latest of the three replies land
+    want = json.loads(json.dumps(frame_data(PagingParams(), 3)))
+    for key in ("reserve_map", "paged_map", "cursor"):
+        got = source_data(page, key)
+        assert got == {k: pytest.approx(v) if v and isinstance(v[0], float) else v
+                       for k, v in want["sources"][key].items()}, key
+    text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:block_table').text")
+    assert text == want["texts"]["block_table"]
+    assert "step=3" in page.url
