@@ -254,6 +254,59 @@ def crossmodel_run(r: CrossModelRequest, progress) -> dict:
             "reference": "the large model's own cache"}
 
 
+# ---- a decode-shaped step, for the quantization page ---------------------------------------------------
+
+
+class DecodeRequest(Request):
+    """Bytes as the explainer's model counts them (its dtypes already applied), read once each."""
+    weight_mb: float = Field(256.0, ge=1, le=1024, description="weight bytes to read (MB)")
+    kv_mb: float = Field(16.0, ge=0, le=1024, description="cache bytes to read (MB)")
+    repeats: int = Field(5, ge=1, le=15)
+
+
+def decode_cost(r: DecodeRequest) -> float:
+    return 4 * (r.weight_mb + r.kv_mb) * 1e6 * (r.repeats + 2)
+
+
+def _stored(mb: float, gen: torch.Generator, row_bytes: int = 16384) -> torch.Tensor:
+    """`mb` MB of a weight matrix or cache (its dtype already in the byte count), as float32 rows.
+
+    Every dtype is then read by the same float32 matrix-vector kernel, so only the number of bytes
+    differs, which is exactly what the explainer's model assumes. Real 8- and 4-bit kernels must also
+    dequantize; PyTorch has no CPU kernel for packed 4-bit codes, and this does not pretend to.
+    """
+    rows = max(1, round(mb * 1e6 / row_bytes))
+    return torch.randint(-100, 100, (rows, row_bytes), generator=gen, dtype=torch.int8).view(torch.float32)
+
+
+def _read(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return t @ x
+
+
+def decode_run(r: DecodeRequest, progress) -> dict:
+    dev, gen = device(), torch.Generator().manual_seed(0)
+    w = _stored(r.weight_mb, gen).to(dev)
+    kv = _stored(max(r.kv_mb, 0.02), gen).to(dev)
+    x = torch.randn(w.shape[1], generator=gen).to(dev)
+    progress(0.2, "measuring copy bandwidth")
+    copy_bps = _copy_bandwidth(dev)
+    progress(0.5, "reading the weights")
+    t_w = median_seconds(lambda: _read(w, x), dev, r.repeats)
+    progress(0.8, "reading the cache")
+    t_kv = median_seconds(lambda: _read(kv, x), dev, r.repeats) if r.kv_mb > 0 else 0.0
+    wb, kb = w.numel() * w.element_size(), (kv.numel() * kv.element_size() if r.kv_mb > 0 else 0)
+    return {"weight_bytes": wb, "kv_bytes": kb, "weight_seconds": t_w, "kv_seconds": t_kv,
+            "seconds": t_w + t_kv, "copy_bytes_per_s": copy_bps, "model_bytes": wb + kb,
+            "predicted_seconds": (wb + kb) / copy_bps,
+            "reference": "bytes ÷ this machine's copy bandwidth, measured in the same run"}
+
+
+@functools.cache
+def _copy_bandwidth(dev) -> float:
+    from kvx.compute.kernels.timing import copy_bandwidth
+    return copy_bandwidth(dev)
+
+
 @dataclasses.dataclass(frozen=True)
 class Kernel:
     name: str
@@ -276,7 +329,25 @@ KERNELS: dict[str, Kernel] = {k.name: k for k in [
            crosslayer_cost, crosslayer_run),
     Kernel("cross-model", "Map the small model's KV into the large one's: loss against re-prefill",
            CrossModelRequest, crossmodel_cost, crossmodel_run),
+    Kernel("decode", "A decode-shaped read: the weights once and the cache once, in their dtypes", DecodeRequest,
+           decode_cost, decode_run),
 ]}
+
+
+def envelope(kernel: str, params: dict, result: dict, cached: bool, seconds: float) -> dict:
+    """Every kernel answer: which kernel, its parameters, where it ran, and what it measured."""
+    return {"kernel": kernel, "params": params, **describe_device(), "cached": cached,
+            "wall_seconds": round(seconds, 4), "result": result}
+
+
+def run_locally(kernel: str, body: dict) -> dict:
+    """Run a kernel in this process (the site build bakes results this way), answered as the server would."""
+    import time
+    k = KERNELS[kernel]
+    started = time.perf_counter()
+    request = k.request(**body)
+    return envelope(kernel, request.model_dump(), k.run(request, lambda *a: None), False,
+                    time.perf_counter() - started)
 
 
 def describe_device() -> dict:

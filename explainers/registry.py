@@ -28,6 +28,8 @@ class Explainer:
     glossary: tuple[str, ...] = ()        # glossary terms the page links to
     # Animations whose frames are not cumulative ask the model for one frame at a time.
     frame_data: Callable[[Any, int], dict] | None = None
+    # Pages with a "run it here" button: the model words the server's reply (params, reply) -> text.
+    describe_run: Callable[[Any, dict], str] | None = None
 
     def describe(self) -> dict:
         return {"slug": self.slug, "title": self.title, "level": self.level, "claim": self.claim,
@@ -70,6 +72,7 @@ REGISTRY: dict[str, Explainer] = {e.slug: e for e in [
         params=quantization.QuantizationParams,
         evaluate=quantization.evaluate,
         page_data=quantization.page_data,
+        describe_run=quantization.describe_run,
         glossary=("kv-cache", "kv-cache-quantization", "roofline", "gqa"),
     ),
 ]}
@@ -101,7 +104,11 @@ def page_json(slug: str, params_json: str) -> str:
         explainer = get(slug)
         values = json.loads(params_json)
         frame = values.pop("_frame", None)              # a request for one animation frame, not a parameter
+        run_reply = values.pop("_run_reply", None)      # the server's measurement, to be put into words
         params = explainer.params.from_mapping(values)
+        if run_reply is not None and explainer.describe_run is not None:
+            return json.dumps({"ok": True, "params": params.as_dict(),
+                               "data": {"texts": {"run_result": explainer.describe_run(params, run_reply)}}})
         if frame is not None and explainer.frame_data is not None:
             return json.dumps({"ok": True, "params": params.as_dict(), "data": explainer.frame_data(params, int(frame))})
         return json.dumps({"ok": True, "params": params.as_dict(), "data": explainer.page_data(params)})

@@ -6,6 +6,7 @@ tells the page runtime (static/kvx-page.js) which worker and wheel to load.
 """
 from __future__ import annotations
 
+import datetime
 import importlib
 import json
 import re
@@ -59,10 +60,28 @@ def _json_for_script(obj) -> str:
     return json.dumps(obj, separators=(",", ":")).replace("</", "<\\/")
 
 
+def bake_measurement(e: Explainer, params, data: dict) -> None:
+    """Pages with "run it here" show a measurement made at build time until a server is reachable."""
+    if "run" not in data or e.describe_run is None:
+        return
+    try:
+        from kvx.compute.kernel_specs import run_locally
+    except ImportError:            # PyTorch absent: say so rather than show nothing
+        data["texts"] = {**data.get("texts", {}), "run_result":
+                         "No measurement was baked into this build (PyTorch was not installed when it was built)."}
+        return
+    reply = run_locally(data["run"]["kernel"], data["run"]["request"])
+    when = datetime.date.today().isoformat()
+    data["texts"] = {**data.get("texts", {}),
+                     "run_result": f"Baked when the site was built ({when}), for the default settings. "
+                                   + e.describe_run(params, reply)}
+
+
 def render_explainer(env: jinja2.Environment, e: Explainer, bokeh_js: list[str], wheel_name: str,
                      terms: dict[str, Term]) -> str:
     params = e.params()
     data = e.page_data(params)
+    bake_measurement(e, params, data)
     view = importlib.import_module(f"kvx.explainers.{e.slug.replace('-', '_')}.view")
     script, div = components(view.layout(e.params, params.as_dict(), data))
     config = {
@@ -71,7 +90,7 @@ def render_explainer(env: jinja2.Environment, e: Explainer, bokeh_js: list[str],
         "baked": data,
         "worker": "static/kvx-worker.mjs",
         "wheel": f"wheels/{wheel_name}",
-        "api": "api/v1",
+        "api": "api/v1",                     # same origin: `kvx serve` puts the API beside the site
     }
     return env.get_template("explainer.html").render(
         e=e, version=VERSION, bokeh_js=bokeh_js, bokeh_script=script, bokeh_div=div,

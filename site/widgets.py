@@ -80,7 +80,18 @@ def animation_controls(frames: int):
     return column(row(play, step_back, step, reset, speed, frame), caption, sizing_mode="stretch_width")
 
 
-def text(name: str, **kwargs) -> Div:
+def text(name: str, mono: bool = False) -> Div:
     """A block of text the model writes (data["texts"][name]), such as a block table."""
-    return Div(text="", name=f"text:{name}", sizing_mode="stretch_width",
-               styles={"font-size": "16px", "font-family": "ui-monospace, 'DejaVu Sans Mono', monospace"}, **kwargs)
+    styles = {"font-size": "16px"}
+    if mono:
+        styles["font-family"] = "ui-monospace, 'DejaVu Sans Mono', monospace"
+    return Div(text="", name=f"text:{name}", sizing_mode="stretch_width", styles=styles)
+
+
+def run_controls():
+    """"Run it here": the runtime enables the button when the compute server answers, and shows the
+    baked measurement (labelled with its device) until then."""
+    button = Button(label="Run it here (looking for the kvx server…)", name="run:button", disabled=True, width=420,
+                    button_type="success", stylesheets=[readable()])
+    button.js_on_event("button_click", CustomJS(code="window.kvx && window.kvx.runHere()"))
+    return column(button, text("run_result"), sizing_mode="stretch_width")

@@ -110,6 +110,11 @@ function onResult(id, reply) {
   }
   showErrors(null, "");
   state.params = reply.params;
+  if (!reply.data.sources) {                  // a partial reply, such as a measurement put into words
+    applyTexts(reply.data.texts || {});
+    html.dataset.kvxRun = String(Number(html.dataset.kvxRun || 0) + 1);
+    return;
+  }
   apply(reply.data, true);
   timings.push(performance.now() - state.sentAt);
   state.applied += 1;
@@ -239,6 +244,59 @@ const animation = {
   seek(value) { if (!state.suppress && Math.round(value) !== state.frame) { pause(); showFrame(value); writeURL(readParams()); } },
 };
 
+// ---- "run it here": the real kernel on the compute server, when one is reachable -------------------
+const server = { device: null };
+
+async function findServer() {
+  const button = model("run:button");
+  if (!button) return;
+  try {
+    const reply = await fetch(`${cfg.api}/health`, { signal: AbortSignal.timeout(2000) });
+    const health = reply.ok ? await reply.json() : null;
+    if (!health || health.status !== "ok") throw new Error("no server");
+    server.device = health.device;
+    const name = health.name && health.name !== "CPU" ? ` (${health.name})` : "";
+    button.label = `▶ Run it here, on this server's ${health.device.toUpperCase()}${name}`;
+    button.disabled = false;
+  } catch (err) {
+    button.label = "Run it here: no kvx server is reachable (showing the baked measurement)";
+  }
+}
+
+function say(text) { model("text:run_result").text = text; }
+
+async function runHere() {
+  const run = state.data.run;
+  if (!run || !server.device) return;
+  const button = model("run:button");
+  button.disabled = true;
+  const started = performance.now();
+  say("Sent to the server…");
+  try {
+    let reply = await fetch(`${cfg.api}/kernels/${run.kernel}`, {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(run.request) });
+    let body = await reply.json();
+    while (reply.status === 202) {            // a long job: poll it and show its progress
+      say(`Running: ${Math.round(100 * body.progress)}% ${body.message || ""} (${((performance.now() - started) / 1000).toFixed(1)} s)`);
+      await new Promise((r) => setTimeout(r, 400));
+      reply = await fetch(`${cfg.api}/jobs/${body.job}`);
+      body = await reply.json();
+    }
+    if (!reply.ok) {
+      const detail = Array.isArray(body.detail) ? body.detail.map((d) => d.msg).join(" ") : body.detail;
+      say(`The server could not run it: ${detail}${reply.headers.get("Retry-After") ? " Try again in a few seconds." : ""}`);
+      return;
+    }
+    // The model words the measurement next to its own prediction, in the worker.
+    state.latest += 1;
+    worker.postMessage({ type: "run", id: state.latest, slug: cfg.slug, params: { ...readParams(), _run_reply: body } });
+  } catch (err) {
+    say(`The server stopped answering (${err.message}); the page keeps working without it.`);
+  } finally {
+    button.disabled = false;
+  }
+}
+
 // ---- start ---------------------------------------------------------------------------------------
 function startWorker() {
   worker = new Worker(new URL(cfg.worker, location.href), { type: "module" });
@@ -301,7 +359,7 @@ function whenBokehReady() {
   });
 }
 
-window.kvx = { onControl: () => { if (!state.suppress) request(); }, anim: animation, timings, state };
+window.kvx = { onControl: () => { if (!state.suppress) request(); }, anim: animation, timings, state, runHere };
 
 doc = await whenBokehReady();
 state.params = cfg.defaults;
@@ -312,3 +370,4 @@ document.addEventListener("keydown", onKey);
 document.addEventListener("click", onClick);
 window.addEventListener("popstate", () => applyURL(location.search));
 startWorker();
+findServer();

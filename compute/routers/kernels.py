@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from kvx.compute.jobs import JobRunner, QueueFull
-from kvx.compute.kernel_specs import KERNELS, MAX_WORK, Kernel, describe_device
+from kvx.compute.kernel_specs import KERNELS, MAX_WORK, Kernel, envelope
 
 router = APIRouter(tags=["kernels"])
 SYNC_WAIT_S = 2.0
@@ -21,14 +21,9 @@ def runner(request: Request) -> JobRunner:
     return request.app.state.jobs
 
 
-def _envelope(kernel: str, params: dict, result: dict, cached: bool, seconds: float) -> dict:
-    return {"kernel": kernel, "params": params, **describe_device(), "cached": cached,
-            "wall_seconds": round(seconds, 4), "result": result}
-
-
 def _job_reply(job, started: float) -> JSONResponse:
     if job.status == "done":
-        return JSONResponse(_envelope(job.kernel, job.params, job.result, False, time.perf_counter() - started))
+        return JSONResponse(envelope(job.kernel, job.params, job.result, False, time.perf_counter() - started))
     if job.status == "error":
         code = 422 if "must be" in job.message else 503 if "not in" in job.message else 500
         return JSONResponse(status_code=code, content={"detail": job.message, "job": job.id})
@@ -45,7 +40,7 @@ def _add_route(k: Kernel) -> None:
         jobs = runner(request)
         hit = jobs.cached(k.name, params)
         if hit is not None:
-            return JSONResponse(_envelope(k.name, params, hit, True, time.perf_counter() - started))
+            return JSONResponse(envelope(k.name, params, hit, True, time.perf_counter() - started))
         cost = k.cost(body)
         if cost > MAX_WORK:
             return JSONResponse(status_code=422, content={"detail": [{

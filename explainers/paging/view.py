@@ -53,6 +53,6 @@ def layout(params_cls, values: dict, data: dict):
         fig.axis.axis_label_text_font_size = "13px"
     controls = widgets.controls(params_cls, values, per_row=6)
     animation = widgets.animation_controls(data["animation"]["frames"])
-    block_table = widgets.text("block_table")
+    block_table = widgets.text("block_table", mono=True)
     return column(controls, animation, row(reserve, paged, sizing_mode="stretch_width"), block_table,
                   row(share, running, sizing_mode="stretch_width"), sizing_mode="stretch_width")

@@ -131,7 +131,34 @@ def page_data(p: QuantizationParams) -> dict:
         "readouts": readouts(p, r),
         "notes": notes(p, r),
         "variants": names,
+        "run": {"kernel": "decode", "request": run_request(p)},
     }
+
+
+RUN_CAP_BYTES = 512e6           # the server reads at most this much per "run it here", scaled down evenly
+
+
+def run_request(p: QuantizationParams) -> dict:
+    """The compute server's decode kernel body: this step's weight and cache bytes, scaled to fit the cap."""
+    r = evaluate(p)
+    scale = min(1.0, RUN_CAP_BYTES / r["bytes"])
+    return {"weight_mb": max(1.0, round(r["weight_bytes"] * scale / 1e6, 3)),
+            "kv_mb": round(r["kv_bytes"] * scale / 1e6, 3), "repeats": 5}
+
+
+def describe_run(p: QuantizationParams, reply: dict) -> str:
+    """One paragraph comparing the server's measurement with the model's prediction for that machine."""
+    res = reply["result"]
+    bw = res["copy_bytes_per_s"]
+    measured_bw = res["model_bytes"] / res["seconds"]
+    share = res["kv_bytes"] / res["model_bytes"]
+    return (f"Measured on {reply.get('device_name', reply['device'])} ({reply['device']}, torch {reply['torch']}): "
+            f"{res['weight_bytes'] / 1e6:,.0f} MB of weights read in {res['weight_seconds'] * 1e3:.2f} ms and "
+            f"{res['kv_bytes'] / 1e6:,.0f} MB of cache in {res['kv_seconds'] * 1e3:.2f} ms, "
+            f"{res['seconds'] * 1e3:.2f} ms in all ({measured_bw / 1e9:.1f} GB/s). The model predicts "
+            f"{res['predicted_seconds'] * 1e3:.2f} ms at this machine's copy bandwidth of {bw / 1e9:.1f} GB/s "
+            f"(measured in the same run): {res['seconds'] / res['predicted_seconds']:.2f}× of prediction. "
+            f"The cache was {share:.0%} of the bytes, as on the page.")
 
 
 def formula(p: QuantizationParams, r: dict, ridge: float) -> list[dict]:

@@ -64,5 +64,5 @@ def layout(params_cls, values: dict, data: dict):
     for fig in (bytes_fig, roof, speed, cross):
         _style(fig)
     controls = widgets.controls(params_cls, values, free_choices=("weight_dtype", "kv_dtype"), per_row=5)
-    return column(controls, bytes_fig, row(roof, cross, sizing_mode="stretch_width"), speed,
+    return column(controls, bytes_fig, widgets.run_controls(), row(roof, cross, sizing_mode="stretch_width"), speed,
                   sizing_mode="stretch_width")

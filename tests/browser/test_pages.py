@@ -3,6 +3,7 @@ equal CPython's model for the same parameters."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -192,3 +193,16 @@ def test_paging_steps_on_demand_frames_that_equal_cpython(offline_page, site_url
     text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:block_table').text")
     assert text == want["texts"]["block_table"]
     assert "step=3" in page.url
+
+
+def test_quantization_runs_the_real_kernel_on_the_server(offline_page, site_url):
+    page = offline_page
+    page.goto(f"{site_url}/quantization.html?context=32000&batch=8")
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+    baked = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
+    assert baked.startswith("Baked when the site was built") and "Measured on" in baked
+    page.wait_for_function("!Bokeh.documents[0].get_model_by_name('run:button').disabled", timeout=10_000)
+    page.get_by_role("button", name=re.compile("Run it here")).click()
+    page.wait_for_function("Number(document.documentElement.dataset.kvxRun || 0) > 0", timeout=60_000)
+    text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
+    assert text.startswith("Measured on") and "The cache was 68% of the bytes" in text

@@ -12,15 +12,24 @@ from kvx.compute.jobs import JobRunner, QueueFull
 from kvx.compute.settings import Settings
 
 
+def post_and_wait(client, url: str, body: dict, seconds: float = 120) -> dict:
+    """POST a kernel request and, if it was queued (202), poll its job until it is done."""
+    r = client.post(url, json=body)
+    deadline = time.monotonic() + seconds
+    while r.status_code == 202 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        r = client.get(r.json()["status_url"])
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
 @pytest.fixture
 def client(tmp_path):
     return TestClient(create_app(Settings(site_dir=tmp_path / "none")))
 
 
 def test_mla_endpoint_reports_device_time_bytes_and_error(client):
-    r = client.post("/api/v1/kernels/mla", json={"context": 256, "repeats": 3})
-    assert r.status_code == 200
-    body = r.json()
+    body = post_and_wait(client, "/api/v1/kernels/mla", {"context": 256, "repeats": 3})
     assert body["device"] in ("cpu", "cuda") and body["torch"] and body["cached"] is False
     forms = body["result"]["forms"]
     assert set(forms) == {"naive", "materialized", "absorbed"}
@@ -30,7 +39,7 @@ def test_mla_endpoint_reports_device_time_bytes_and_error(client):
 
 
 def test_results_are_cached_by_their_parameters(client):
-    first = client.post("/api/v1/kernels/paged", json={"context": 64, "repeats": 1}).json()
+    first = post_and_wait(client, "/api/v1/kernels/paged", {"context": 64, "repeats": 1})
     again = client.post("/api/v1/kernels/paged", json={"repeats": 1, "context": 64}).json()
     assert first["cached"] is False and again["cached"] is True and again["result"] == first["result"]
 
@@ -61,7 +70,7 @@ def test_oversized_requests_are_refused_naming_the_limit(client):
 
 def test_kernel_list_has_schemas(client):
     names = [k["name"] for k in client.get("/api/v1/kernels").json()]
-    assert names == ["mla", "paged", "eviction", "quantization", "cross-layer", "cross-model"]
+    assert names == ["mla", "paged", "eviction", "quantization", "cross-layer", "cross-model", "decode"]
 
 
 def test_unknown_job_is_a_404(client):
@@ -117,3 +126,21 @@ def test_busy_server_answers_503_with_retry_after(tmp_path):
         assert r.status_code == 503 and r.headers["retry-after"] == "5"
     finally:
         release.set()
+
+
+def test_decode_kernel_reads_the_bytes_it_is_asked_to(client):
+    body = post_and_wait(client, "/api/v1/kernels/decode", {"weight_mb": 8, "kv_mb": 4, "repeats": 1})
+    r = body["result"]
+    assert abs(r["weight_bytes"] - 8e6) < 16384 and abs(r["kv_bytes"] - 4e6) < 16384     # whole 16 KB rows
+    assert r["seconds"] == r["weight_seconds"] + r["kv_seconds"] > 0
+    assert r["predicted_seconds"] == r["model_bytes"] / r["copy_bytes_per_s"]
+
+
+def test_quantization_words_a_measurement_from_the_server(client):
+    from kvx.explainers.quantization.model import QuantizationParams, describe_run, run_request
+    p = QuantizationParams(context=32000, batch=8)
+    request = run_request(p)
+    assert request["weight_mb"] + request["kv_mb"] <= 512.001
+    reply = post_and_wait(client, "/api/v1/kernels/decode", {**request, "repeats": 1})
+    text = describe_run(p, reply)
+    assert text.startswith("Measured on") and "The cache was 68% of the bytes" in text
