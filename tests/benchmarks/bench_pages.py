@@ -72,6 +72,27 @@ def round_trips(page, slug: str, changes: int) -> list[float]:
     return page.evaluate("Array.from(window.kvx.timings)")
 
 
+def frame_trips(page, steps: int) -> list[float] | None:
+    """Round trip of one animation step, ms: for on-demand frames, from the key press to the drawn frame."""
+    mode = page.evaluate("window.kvx.state.data.animation && window.kvx.state.data.animation.mode")
+    if mode is None:
+        return None
+    page.evaluate("window.kvx.anim.reset()")
+    page.wait_for_timeout(500)
+    out = []
+    for _ in range(steps):
+        if mode == "on_demand":
+            before = page.evaluate("Number(document.documentElement.dataset.kvxFrameApplied || 0)")
+            t0 = page.evaluate("performance.now()")
+            page.evaluate("window.kvx.anim.step()")
+            page.wait_for_function(f"Number(document.documentElement.dataset.kvxFrameApplied || 0) > {before}")
+        else:
+            t0 = page.evaluate("performance.now()")
+            page.evaluate("window.kvx.anim.step()")
+        out.append(page.evaluate("performance.now()") - t0)
+    return out
+
+
 def page_weight(site: Path, slug: str) -> int:
     html = site / f"{slug}.html"
     parts = [html, *site.glob("vendor/bokeh/*.js"), *site.glob("vendor/pyodide/*"), *site.glob("wheels/*.whl"),
@@ -104,11 +125,15 @@ def main() -> int:
                 cold = ready_ms(page, f"{base}/{slug}.html")
                 warm = ready_ms(page, f"{base}/{slug}.html")
                 trips = sorted(round_trips(page, slug, a.changes))
+                frames = frame_trips(page, 30)
+                frames = sorted(frames) if frames else None
                 report["pages"][slug] = {
                     "cold": cold, "warm": warm, "cold_ready_over_baseline": round(cold["py_ready_ms"] / baseline, 2),
                     "round_trip_ms": {"median": round(statistics.median(trips), 2),
                                       "p95": round(trips[int(0.95 * (len(trips) - 1))], 2), "n": len(trips)},
                     "page_weight_bytes": page_weight(site, slug),
+                    "frame_step_ms": None if not frames else {"median": round(statistics.median(frames), 2),
+                                                              "p95": round(frames[int(0.95 * (len(frames) - 1))], 2)},
                 }
                 ctx.close()
             browser.close()
@@ -118,12 +143,13 @@ def main() -> int:
     (out / "bench.json").write_text(json.dumps(report, indent=2))
     print(f"baseline (bare Pyodide core in a module worker): ready in {baseline} ms")
     print(f"{'page':18} {'first plot':>10} {'ready cold':>10} {'x base':>7} {'ready warm':>10} "
-          f"{'trip p50':>9} {'trip p95':>9} {'weight MB':>9}")
+          f"{'trip p50':>9} {'trip p95':>9} {'weight MB':>9} {'frame p50':>9}")
     for slug, r in report["pages"].items():
         print(f"{slug:18} {r['cold']['first_plot_ms']:>8} ms {r['cold']['py_ready_ms']:>7} ms "
               f"{r['cold_ready_over_baseline']:>7} {r['warm']['py_ready_ms']:>7} ms "
               f"{r['round_trip_ms']['median']:>6} ms {r['round_trip_ms']['p95']:>6} ms "
-              f"{r['page_weight_bytes'] / 1e6:>9.1f}")
+              f"{r['page_weight_bytes'] / 1e6:>9.1f} "
+              f"{'-' if not r['frame_step_ms'] else str(r['frame_step_ms']['median']) + ' ms':>9}")
     return 0
 
 
