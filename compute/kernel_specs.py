@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from kvx.compute.kernels import crosslayer, crossmodel, eviction, mla, paged, quant
 from kvx.compute.kernels.timing import device, median_seconds
 from kvx.compute.lm import data
-from kvx.compute.lm.model import TinyLM
+from kvx.compute.lm.model import TinyLM, next_token_loss
 from kvx.compute.lm.train import CHECKPOINTS, SEQ_LEN, load
 
 TrainedModel = Literal["gqa-large", "gqa-small", "mla"]
@@ -198,12 +198,9 @@ def quant_run(r: QuantRequest, progress) -> dict:
         return out
 
     with torch.no_grad():
-        def loss(logits):
-            return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                                     ids[:, 1:].reshape(-1)).item()
-        own = loss(model(ids))
+        own = next_token_loss(model(ids), ids).item()
         progress(0.5, "quantized cache")
-        quantized = loss(model(ids, kv_transform=transform))
+        quantized = next_token_loss(model(ids, kv_transform=transform), ids).item()
     c = model.c
     channels = c.head_dim if c.attention == "gqa" else c.kv_latent
     bits = quant.bits_per_number(r.scheme, SEQ_LEN, channels)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kvx.compute.lm.model import next_token_loss
+
 
 def flat(cache: dict, part: str) -> torch.Tensor:
     """One layer's cached part as [tokens, features]."""
@@ -66,13 +68,9 @@ def sharing_transform(ratio: int):
 @torch.no_grad()
 def sharing_loss(model, ids: torch.Tensor, ratio: int) -> dict:
     """Next-token loss when followers reuse their anchor's KV (1:ratio), against the model's own."""
-    own = model(ids)
-    shared = model(ids, kv_transform=sharing_transform(ratio))
-
-    def loss(logits):
-        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).item()
-
+    own = next_token_loss(model(ids), ids).item()
+    shared = next_token_loss(model(ids, kv_transform=sharing_transform(ratio)), ids).item()
     layers = model.c.n_layers
     cached = len({layer - layer % ratio for layer in range(layers)})
-    return {"ratio": ratio, "loss": loss(shared), "own_loss": loss(own), "cached_layers": cached,
+    return {"ratio": ratio, "loss": shared, "own_loss": own, "cached_layers": cached,
             "memory_fraction": cached / layers}

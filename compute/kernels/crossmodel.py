@@ -8,9 +8,8 @@ per-head map at once, because they share the same inputs and penalty.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from kvx.compute.lm.model import apply_rope
+from kvx.compute.lm.model import apply_rope, next_token_loss
 
 
 def _unrope(k: torch.Tensor, model) -> torch.Tensor:
@@ -64,7 +63,7 @@ def mapped_transform(small, large, fitted: dict, ids: torch.Tensor):
 @torch.no_grad()
 def evaluate(small, large, fitted: dict, ids: torch.Tensor) -> dict:
     def loss(logits):
-        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)).item()
+        return next_token_loss(logits, ids).item()
 
     tokens = ids.numel()
     large_params = sum(p.numel() for n, p in large.named_parameters() if not n.startswith("embed"))

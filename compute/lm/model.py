@@ -56,6 +56,11 @@ class LMConfig:
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim
 
 
+def next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy (nats) of predicting ids[:, t+1] from logits[:, t]."""
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
 def rope_tables(length: int, dim: int, base: float, device=None):
     inv = 1.0 / base ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
     angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv)

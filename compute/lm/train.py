@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from kvx.compute.lm import data
-from kvx.compute.lm.model import LMConfig, TinyLM
+from kvx.compute.lm.model import LMConfig, TinyLM, next_token_loss
 
 CHECKPOINTS = Path(__file__).parent / "checkpoints"
 SEQ_LEN = 512
@@ -69,7 +68,7 @@ def evaluate(model: TinyLM, masks=None, n_text: int = 24, n_recall: int = 48) ->
     model.eval()
     text = data.text_set(n_text, SEQ_LEN)
     logits = model(text, masks=masks)
-    loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), text[:, 1:].reshape(-1)).item()
+    loss = next_token_loss(logits, text).item()
     ids, pos = data.recall_set(n_recall, SEQ_LEN)
     logits = model(ids, masks=masks)
     guess = logits.gather(1, (pos - 1)[..., None].expand(-1, -1, logits.shape[-1])).argmax(-1)
@@ -92,7 +91,7 @@ def train(name: str, s: TrainSettings, out: Path = CHECKPOINTS, log=print) -> di
         x = data.batch("train", s.batch, SEQ_LEN, rng, s.recall_share)
         model.train()
         logits = model(x)
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        loss = next_token_loss(logits, x)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
