@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from .cache_renting import model as cache_renting
 from .paging import model as paging
+from .prefix_reuse import model as prefix_reuse
 from .quantization import model as quantization
 from .core.params import ParamError, Params
 
@@ -61,6 +62,19 @@ REGISTRY: dict[str, Explainer] = {e.slug: e for e in [
         page_data=paging.page_data,
         frame_data=paging.frame_data,
         glossary=("kv-cache", "pagedattention", "block-table", "preemption", "kv-cache-offloading"),
+    ),
+    Explainer(
+        slug="prefix-reuse",
+        title="Compute the system prompt once",
+        level="beginner",
+        claim=("When requests share a beginning (a system prompt, a conversation so far), a prefix cache computes "
+               "it once and every later request reuses it, so most of a multi-turn chat's prefill is never done "
+               "again."),
+        params=prefix_reuse.PrefixParams,
+        evaluate=prefix_reuse.evaluate,
+        page_data=prefix_reuse.page_data,
+        frame_data=prefix_reuse.frame_data,
+        glossary=("kv-cache", "prefix-caching", "radixattention", "cache-eviction"),
     ),
     Explainer(
         slug="quantization",
