@@ -11,6 +11,7 @@ from typing import Any, Callable
 from .cache_renting import model as cache_renting
 from .paging import model as paging
 from .prefix_reuse import model as prefix_reuse
+from .prompt_caching import model as prompt_caching
 from .quantization import model as quantization
 from .core.params import ParamError, Params
 
@@ -75,6 +76,18 @@ REGISTRY: dict[str, Explainer] = {e.slug: e for e in [
         page_data=prefix_reuse.page_data,
         frame_data=prefix_reuse.frame_data,
         glossary=("kv-cache", "prefix-caching", "radixattention", "cache-eviction"),
+    ),
+    Explainer(
+        slug="prompt-caching",
+        title="When caching a prefix pays",
+        level="intermediate",
+        claim=("A cached prompt prefix is billed extra when written and far less when read, so caching pays only "
+               "when the prefix comes back often enough within its lifetime: for a five-minute cache, in at least "
+               "about one request in five."),
+        params=prompt_caching.PromptCachingParams,
+        evaluate=prompt_caching.evaluate,
+        page_data=prompt_caching.page_data,
+        glossary=("prefix-caching", "cache-eviction", "kv-cache"),
     ),
     Explainer(
         slug="quantization",

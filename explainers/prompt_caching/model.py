@@ -1,0 +1,186 @@
+"""When caching a prefix pays.
+
+A provider bills a cache write above the normal input price and a cache read far below it, and a
+cached prefix lives for a while after its last use. With requests arriving at random (Poisson) at
+rate r, a request finds the prefix cached when the previous one came less than a lifetime L ago:
+P(hit) = 1 - exp(-r L). Caching pays when the hits' savings outweigh the writes' surcharge.
+Prices are parameters with a dated source, not constants. Standard library only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+from ..core.params import ParamError, Params, integer, number
+from ..core.units import thousands
+
+# One major provider's published multipliers (Anthropic, prompt caching documentation, as of
+# 2025-11): a 5-minute cache write costs 1.25x base input, a 1-hour write 2x, a read 0.1x.
+PRICES_AS_OF = "2025-11"
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptCachingParams(Params):
+    prefix_tokens: int = integer(10_000, unit="tokens", min=1, max=2_000_000, help="The reusable prefix")
+    suffix_tokens: int = integer(500, unit="tokens", min=0, max=2_000_000, help="New input per request")
+    output_tokens: int = integer(300, unit="tokens", min=0, max=200_000, help="Output per request")
+    input_price: float = number(3.0, unit="$/M tokens", min=0.01, max=1000, help="Base input price")
+    output_price: float = number(15.0, unit="$/M tokens", min=0, max=1000, help="Output price")
+    write_multiplier: float = number(1.25, unit="× input", min=1, max=10,
+                                     help="Cache write price over base input (1.25 for 5 minutes, 2 for an hour)")
+    read_multiplier: float = number(0.1, unit="× input", min=0, max=1, help="Cache read price over base input")
+    lifetime_s: float = number(300, unit="s", min=1, max=86_400, help="How long a cached prefix lives after use")
+    rate_per_min: float = number(1.0, unit="requests/min", min=0.001, max=10_000,
+                                 help="How often requests with this prefix arrive (Poisson)")
+    duration_min: float = number(60, unit="min", min=1, max=10_000, help="Simulated time")
+    seed: int = integer(0, unit="seed", min=0, max=10_000, help="Seed for arrival times")
+    prefill_rate: int = integer(10_000, unit="tokens/s", min=1, max=10_000_000,
+                                help="Self-hosted: prefill throughput of one GPU")
+    gpu_price_per_hour: float = number(3.0, unit="$/h", min=0, max=1000, help="Self-hosted: one GPU's hourly cost")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.rate_per_min * self.duration_min > 20_000:
+            raise ParamError("rate_per_min", f"rate_per_min × duration_min must be at most 20,000 requests to "
+                                             f"simulate; got {self.rate_per_min * self.duration_min:,.0f}.")
+
+
+def reuses_per_lifetime(p: PromptCachingParams) -> float:
+    return p.rate_per_min / 60 * p.lifetime_s
+
+
+def hit_probability(reuses: float) -> float:
+    """Poisson arrivals, lifetime refreshed on every use: the previous request came within L."""
+    return 1 - math.exp(-reuses)
+
+
+def cost_per_request(p: PromptCachingParams, hit_rate: float | None) -> float:
+    """Dollars per request; hit_rate None means no caching at all."""
+    m = 1e-6
+    rest = p.suffix_tokens * p.input_price * m + p.output_tokens * p.output_price * m
+    if hit_rate is None:
+        return p.prefix_tokens * p.input_price * m + rest
+    prefix_mult = hit_rate * p.read_multiplier + (1 - hit_rate) * p.write_multiplier
+    return p.prefix_tokens * p.input_price * m * prefix_mult + rest
+
+
+def break_even_hit_rate(p: PromptCachingParams) -> float:
+    """Hit rate above which caching is cheaper: h read + (1 - h) write = 1."""
+    return (p.write_multiplier - 1) / (p.write_multiplier - p.read_multiplier)
+
+
+def simulate(p: PromptCachingParams) -> list[dict]:
+    """Poisson arrivals; each request is a write (cache empty or expired) or a hit, then expiry is reset."""
+    rng = random.Random(p.seed)
+    t, expires, events = 0.0, -1.0, []
+    rate_s = p.rate_per_min / 60
+    end = p.duration_min * 60
+    while True:
+        t += rng.expovariate(rate_s)
+        if t > end:
+            break
+        if t > expires >= 0:
+            events.append({"t": expires, "kind": "expiry"})
+        events.append({"t": t, "kind": "hit" if t <= expires else "write"})
+        expires = t + p.lifetime_s
+    if 0 <= expires <= end:
+        events.append({"t": expires, "kind": "expiry"})
+    return events
+
+
+def evaluate(p: PromptCachingParams) -> dict:
+    reuses = reuses_per_lifetime(p)
+    h = hit_probability(reuses)
+    events = simulate(p)
+    requests = [e for e in events if e["kind"] != "expiry"]
+    sim_hits = sum(e["kind"] == "hit" for e in requests)
+    be = break_even_hit_rate(p)
+    without, with_ = cost_per_request(p, None), cost_per_request(p, h)
+    saved_s = p.prefix_tokens / p.prefill_rate
+    return {
+        "reuses_per_lifetime": reuses,
+        "hit_rate": h,
+        "simulated_requests": len(requests),
+        "simulated_hit_rate": sim_hits / len(requests) if requests else 0.0,
+        "cost_without": without,
+        "cost_with": with_,
+        "saving": 1 - with_ / without,
+        "break_even_hit_rate": be,
+        "break_even_rate_per_min": -math.log(1 - be) / p.lifetime_s * 60 if be < 1 else math.inf,
+        "self_hosted_prefill_s_saved_per_hit": saved_s,
+        "self_hosted_dollars_saved_per_hour": p.rate_per_min * 60 * h * saved_s / 3600 * p.gpu_price_per_hour,
+    }
+
+
+def page_data(p: PromptCachingParams) -> dict:
+    r = evaluate(p)
+    xs = [10 ** (i / 10) for i in range(-30, 21)]                      # 0.001 .. 100 reuses per lifetime
+    events = simulate(p)
+    alive = {"t0": [], "t1": []}
+    for e in events:
+        if e["kind"] == "write":
+            alive["t0"].append(e["t"] / 60)
+        elif e["kind"] == "expiry":
+            alive["t1"].append(e["t"] / 60)
+    if len(alive["t1"]) < len(alive["t0"]):
+        alive["t1"].append(p.duration_min)
+    kinds = [e["kind"] for e in events]
+    return {
+        "sources": {
+            "curve": {"reuses": xs, "without": [r["cost_without"] * 1e3] * len(xs),
+                      "with_cache": [cost_per_request(p, hit_probability(x)) * 1e3 for x in xs]},
+            "here": {"reuses": [r["reuses_per_lifetime"]], "cost": [r["cost_with"] * 1e3],
+                     "text": [f"you: {r['hit_rate']:.0%} hits, {r['saving']:+.0%} saved"]},
+            "break_even": {"reuses": [-math.log(1 - r["break_even_hit_rate"])] * 2 if r["break_even_hit_rate"] < 1
+                           else [1e9, 1e9], "y": [0, r["cost_without"] * 1e3 * 1.3]},
+            "timeline": {"t": [e["t"] / 60 for e in events], "kind": kinds,
+                         "y": [{"write": 2, "hit": 1, "expiry": 0}[k] for k in kinds]},
+            "alive": alive,
+        },
+        "ranges": {"timeline_x": [0, p.duration_min]},
+        "formula": formula(p, r),
+        "readouts": readouts(p, r),
+        "notes": [f"Prices are parameters: the defaults are one provider's list prices as of {PRICES_AS_OF}. "
+                  f"Check today's before you rely on them."],
+    }
+
+
+def formula(p: PromptCachingParams, r: dict) -> list[dict]:
+    return [
+        {"name": "Reuses per lifetime", "formula": "rate × lifetime",
+         "substituted": f"{p.rate_per_min:g}/min × {p.lifetime_s:g} s", "result": f"{r['reuses_per_lifetime']:.3g}"},
+        {"name": "Hit rate", "formula": "1 − exp(−rate × lifetime)   (Poisson arrivals, lifetime refreshed on use)",
+         "substituted": f"1 − exp(−{r['reuses_per_lifetime']:.3g})",
+         "result": f"{r['hit_rate']:.1%} (simulated: {r['simulated_hit_rate']:.1%} of {r['simulated_requests']} "
+                   f"requests)"},
+        {"name": "Prefix cost multiplier", "formula": "hit rate × read + (1 − hit rate) × write",
+         "substituted": f"{r['hit_rate']:.3f} × {p.read_multiplier:g} + {1 - r['hit_rate']:.3f} × "
+                        f"{p.write_multiplier:g}",
+         "result": f"{r['hit_rate'] * p.read_multiplier + (1 - r['hit_rate']) * p.write_multiplier:.3f} × input"},
+        {"name": "Cost per request", "formula": "prefix × input × multiplier + suffix × input + output × output price",
+         "substituted": f"{thousands(p.prefix_tokens)} × ${p.input_price:g}/M × multiplier + "
+                        f"{thousands(p.suffix_tokens)} × ${p.input_price:g}/M + {thousands(p.output_tokens)} × "
+                        f"${p.output_price:g}/M",
+         "result": f"${r['cost_with']:.5f} with caching, ${r['cost_without']:.5f} without"},
+        {"name": "Break-even", "formula": "hit rate > (write − 1) ÷ (write − read)",
+         "substituted": f"({p.write_multiplier:g} − 1) ÷ ({p.write_multiplier:g} − {p.read_multiplier:g})",
+         "result": f"{r['break_even_hit_rate']:.1%} hits, at {r['break_even_rate_per_min']:.3g} requests/min"},
+        {"name": "Self-hosted", "formula": "a hit saves prefix ÷ prefill rate of GPU time",
+         "substituted": f"{thousands(p.prefix_tokens)} ÷ {thousands(p.prefill_rate)} tokens/s",
+         "result": f"{r['self_hosted_prefill_s_saved_per_hit']:.2f} s per hit, "
+                   f"${r['self_hosted_dollars_saved_per_hour']:.3f} of GPU time per hour"},
+    ]
+
+
+def readouts(p: PromptCachingParams, r: dict) -> list[dict]:
+    return [
+        {"label": "Hit rate", "value": f"{r['hit_rate']:.0%}",
+         "detail": f"{r['reuses_per_lifetime']:.2g} requests arrive per lifetime, on average"},
+        {"label": "Per 1,000 requests", "value": f"${r['cost_with'] * 1e3:.2f}",
+         "detail": f"with caching; ${r['cost_without'] * 1e3:.2f} without"},
+        {"label": "Saving", "value": f"{r['saving']:.0%}",
+         "detail": "of each request's cost" if r["saving"] >= 0 else "caching costs more than not caching"},
+        {"label": "Break-even", "value": f"{r['break_even_hit_rate']:.0%}",
+         "detail": f"hits, or {r['break_even_rate_per_min']:.2g} requests/min at this lifetime"},
+    ]
