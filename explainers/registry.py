@@ -8,6 +8,7 @@ import dataclasses
 import json
 from typing import Any, Callable
 
+from .agent_sessions import model as agent_sessions
 from .cache_renting import model as cache_renting
 from .paging import model as paging
 from .prefix_reuse import model as prefix_reuse
@@ -76,6 +77,18 @@ REGISTRY: dict[str, Explainer] = {e.slug: e for e in [
         page_data=prefix_reuse.page_data,
         frame_data=prefix_reuse.frame_data,
         glossary=("kv-cache", "prefix-caching", "radixattention", "cache-eviction"),
+    ),
+    Explainer(
+        slug="agent-sessions",
+        title="The hit rate is the workload",
+        level="intermediate",
+        claim=("Agent sessions that pause between turns stay cheap only while all their histories fit in GPU "
+               "memory; add a few more and each returning session must prefill its whole history again, so the "
+               "hit rate falls off a cliff."),
+        params=agent_sessions.AgentParams,
+        evaluate=agent_sessions.evaluate,
+        page_data=agent_sessions.page_data,
+        glossary=("kv-cache", "prefix-caching", "cache-eviction", "kv-cache-offloading"),
     ),
     Explainer(
         slug="prompt-caching",

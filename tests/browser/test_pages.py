@@ -148,7 +148,7 @@ def test_embed_mode_shows_the_explainer_alone(offline_page, site_url, screenshot
 # One change of a typed control per explainer: the generic check every page must pass.
 CHANGES = {"cache-renting": {"context": "64000"}, "quantization": {"batch": "16", "context": "128000"},
            "paging": {"block_size": "64"}, "prefix-reuse": {"capacity": "5000"},
-           "prompt-caching": {"rate_per_min": "0.05"}}
+           "prompt-caching": {"rate_per_min": "0.05"}, "agent-sessions": {"sessions": "4"}}
 
 
 def test_every_explainer_has_a_browser_change():

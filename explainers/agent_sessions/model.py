@@ -1,0 +1,222 @@
+"""The hit rate is the workload.
+
+Agent sessions take turns against one GPU's KV memory. Each turn appends tool output and an answer
+to a long history, then the agent pauses (a tool call, thinking) before its next turn. While the
+sessions' histories fit, a turn computes only its new tokens; once they do not, a returning session
+finds its history evicted and pays for all of it again, by recomputing it or, with an offload tier,
+by loading it back. Deterministic for a seed. Standard library only: this module runs in the browser.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import heapq
+import random
+
+from ..cache_renting.model import CacheRentingParams, evaluate as cache_renting
+from ..core.dtypes import DTYPE_BITS, dtype_bytes
+from ..core.gpus import GPUS
+from ..core.models import MODELS
+from ..core.params import Params, choice, integer, number
+from ..core.units import bytes_si, thousands
+
+POLICIES = ("lru", "lfu", "return-aware")
+OFFLOAD = {"none": 0.0, "host-dram": 50.0, "ssd": 7.0}       # GB/s: PCIe 5 x16 in practice; one NVMe Gen4 drive
+CLIFF_SESSIONS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32]
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentParams(Params):
+    sessions: int = integer(8, unit="sessions", min=1, max=64, help="Agent sessions sharing the GPU")
+    turns: int = integer(10, unit="turns", min=1, max=100, help="Turns each session takes")
+    initial_tokens: int = integer(52_000, unit="tokens", min=1, max=1_000_000,
+                                  help="First turn's prompt (system prompt, tools, task)")
+    growth_tokens: int = integer(8_000, unit="tokens", min=1, max=200_000,
+                                 help="Tokens each turn adds to the history (tool output and answer)")
+    output_tokens: int = integer(413, unit="tokens", min=1, max=100_000, help="Tokens generated per turn")
+    pause_mean_s: float = number(30.0, unit="s", min=0.1, max=36_000, help="Mean pause between turns (exponential)")
+    model: str = choice("llama-3-8b", MODELS, help="Model preset")
+    gpu: str = choice("h100-sxm", GPUS, help="GPU preset")
+    kv_dtype: str = choice("bf16", tuple(DTYPE_BITS), parse=dtype_bytes, unit="dtype or bits", help="KV precision")
+    mfu: float = number(0.5, unit="share", min=0.01, max=1.0, help="Share of peak FLOP/s prefill reaches")
+    policy: str = choice("lru", POLICIES, help="Which session's history is evicted first")
+    offload: str = choice("none", tuple(OFFLOAD), help="Where evicted history goes (none: dropped)")
+    seed: int = integer(0, unit="seed", min=0, max=10_000, help="Seed for the pauses")
+
+
+def capacity_tokens(p: AgentParams) -> int:
+    """Tokens of KV one GPU holds after the weights and workspace: the cache-renting page's arithmetic."""
+    return cache_renting(CacheRentingParams(model=p.model, gpu=p.gpu, gpu_count=1, kv_dtype=p.kv_dtype))["token_capacity"]
+
+
+def prefill_rate(p: AgentParams) -> float:
+    """Tokens/s of prefill: mfu x peak FLOP/s over 2 FLOPs per parameter per token."""
+    m, g = MODELS[p.model], GPUS[p.gpu]
+    return p.mfu * g.bf16_tflops * 1e12 / (2 * (m.active_params or m.params))
+
+
+def bytes_per_token(p: AgentParams) -> float:
+    return MODELS[p.model].kv_bytes_per_token(dtype_bytes(p.kv_dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class Turn:
+    session: int
+    turn: int
+    start: float
+    prompt: int
+    cached: int          # history tokens found in GPU memory
+    reloaded: int        # history tokens loaded back from the offload tier
+    recomputed: int      # history tokens prefilled again
+    seconds: float       # time to first token: new tokens, plus reload or recompute
+
+    @property
+    def kind(self) -> str:
+        if self.turn == 0:
+            return "first turn"
+        return "recompute" if self.recomputed else "reload" if self.reloaded else "hit"
+
+
+def simulate(p: AgentParams, sessions: int | None = None) -> list[Turn]:
+    """Every turn of every session, in time order (events ordered by time, then a counter)."""
+    n = p.sessions if sessions is None else sessions
+    rng = random.Random(p.seed)
+    cap, rate, bpt = capacity_tokens(p), prefill_rate(p), bytes_per_token(p)
+    bw = OFFLOAD[p.offload] * 1e9
+    resident: dict[int, int] = {}        # session -> tokens of its history in GPU memory
+    offloaded: dict[int, int] = {}
+    last_use: dict[int, float] = {}
+    uses: dict[int, int] = {}
+    next_start: dict[int, float] = {}
+    queue, counter, out = [], 0, []
+    for s in range(n):
+        heapq.heappush(queue, (rng.expovariate(1 / p.pause_mean_s), counter, s, 0))
+        counter += 1
+    while queue:
+        t, _, s, k = heapq.heappop(queue)
+        prompt = p.initial_tokens + k * p.growth_tokens
+        history = prompt - (p.initial_tokens if k == 0 else p.growth_tokens)
+        cached = min(resident.pop(s, 0), history)
+        reloaded = min(offloaded.pop(s, 0), history - cached) if bw else 0
+        recomputed = history - cached - reloaded
+        seconds = (prompt - history + recomputed) / rate + reloaded * bpt / (bw or 1)
+        out.append(Turn(s, k, t, prompt, cached, reloaded, recomputed, seconds))
+        keep = min(prompt + p.output_tokens, cap)   # what this session now holds on the GPU
+        pause = rng.expovariate(1 / p.pause_mean_s)
+        if k + 1 < p.turns:
+            heapq.heappush(queue, (t + seconds + pause, counter, s, k + 1))
+            counter += 1
+            next_start[s] = t + seconds + pause
+        else:
+            next_start[s] = float("inf")
+            keep = 0                                 # a finished session's history is no longer needed
+        last_use[s], uses[s] = t, uses.get(s, 0) + 1
+        while resident and sum(resident.values()) + keep > cap:
+            victim = min(resident, key=_policy_key(p.policy, last_use, uses, next_start))
+            if bw:
+                offloaded[victim] = resident[victim]
+            del resident[victim]
+        if keep:
+            resident[s] = keep
+    return out
+
+
+def _policy_key(policy, last_use, uses, next_start):
+    if policy == "lru":
+        return lambda s: (last_use[s], s)
+    if policy == "lfu":
+        return lambda s: (uses[s], last_use[s], s)
+    return lambda s: (-next_start[s], s)             # evict whoever comes back last
+
+
+def summary(turns: list[Turn]) -> dict:
+    history = sum(t.cached + t.reloaded + t.recomputed for t in turns)
+    return {
+        "turns": len(turns),
+        "hit_rate": sum(t.cached for t in turns) / history if history else 1.0,
+        "reloaded_tokens": sum(t.reloaded for t in turns),
+        "recomputed_tokens": sum(t.recomputed for t in turns),
+        "mean_turn_seconds": sum(t.seconds for t in turns) / len(turns),
+        "max_turn_seconds": max(t.seconds for t in turns),
+    }
+
+
+@functools.lru_cache(maxsize=8)
+def evaluate(p: AgentParams) -> dict:
+    turns = simulate(p)
+    s = summary(turns)
+    rate, bpt = prefill_rate(p), bytes_per_token(p)
+    bw = OFFLOAD[p.offload] * 1e9
+    return {
+        **s,
+        "capacity_tokens": capacity_tokens(p),
+        "prefill_tokens_per_s": rate,
+        "recompute_seconds": s["recomputed_tokens"] / rate,
+        "reload_seconds": s["reloaded_tokens"] * bpt / bw if bw else 0.0,
+        "hit_turn_seconds": p.growth_tokens / rate,
+        "miss_turn_seconds": (p.initial_tokens + (p.turns - 1) * p.growth_tokens) / rate,
+        "sessions_that_fit": capacity_tokens(p) // (p.initial_tokens + (p.turns - 1) * p.growth_tokens
+                                                    + p.output_tokens),
+    }
+
+
+def page_data(p: AgentParams) -> dict:
+    r = evaluate(p)
+    turns = simulate(p)
+    cliff = [summary(simulate(p, n))["hit_rate"] for n in CLIFF_SESSIONS]
+    return {
+        "sources": {
+            "turns": {"start": [t.start for t in turns], "seconds": [t.seconds for t in turns],
+                      "session": [str(t.session) for t in turns], "kind": [t.kind for t in turns],
+                      "prompt": [t.prompt for t in turns]},
+            "cliff": {"sessions": CLIFF_SESSIONS, "hit_rate": cliff},
+            "here": {"sessions": [p.sessions], "hit_rate": [r["hit_rate"]]},
+            "split": {"what": ["recompute", "reload", "new tokens"],
+                      "seconds": [r["recompute_seconds"], r["reload_seconds"],
+                                  r["turns"] * p.growth_tokens / r["prefill_tokens_per_s"]]},
+        },
+        "ranges": {},
+        "formula": formula(p, r),
+        "readouts": readouts(p, r),
+        "notes": [],
+    }
+
+
+def formula(p: AgentParams, r: dict) -> list[dict]:
+    m, g = MODELS[p.model], GPUS[p.gpu]
+    bpt = bytes_per_token(p)
+    longest = p.initial_tokens + (p.turns - 1) * p.growth_tokens + p.output_tokens
+    bw = OFFLOAD[p.offload]
+    return [
+        {"name": "KV memory", "formula": "(GPU memory − weights − workspace) ÷ KV bytes per token  (cache-renting)",
+         "substituted": f"{bytes_si(r['capacity_tokens'] * bpt)} ÷ {thousands(bpt)} B",
+         "result": f"{thousands(r['capacity_tokens'])} tokens"},
+        {"name": "Sessions at full length", "formula": "KV tokens ÷ (initial + (turns − 1) × growth + output)",
+         "substituted": f"{thousands(r['capacity_tokens'])} ÷ {thousands(longest)}",
+         "result": f"{r['sessions_that_fit']} of {p.sessions}"},
+        {"name": "Prefill rate", "formula": "MFU × peak FLOP/s ÷ (2 × parameters)",
+         "substituted": f"{p.mfu:g} × {g.bf16_tflops:g}e12 ÷ (2 × {(m.active_params or m.params) / 1e9:g}e9)",
+         "result": f"{r['prefill_tokens_per_s']:,.0f} tokens/s"},
+        {"name": "A turn that hits", "formula": "growth ÷ prefill rate",
+         "substituted": f"{thousands(p.growth_tokens)} ÷ {r['prefill_tokens_per_s']:,.0f}",
+         "result": f"{r['hit_turn_seconds']:.2f} s"},
+        {"name": "A last turn that misses", "formula": "whole prompt ÷ prefill rate, or history × bytes ÷ offload "
+                                                      "bandwidth + growth ÷ prefill rate",
+         "substituted": f"{thousands(longest - p.output_tokens)} ÷ {r['prefill_tokens_per_s']:,.0f}"
+                        + (f"; or reload at {bw:g} GB/s" if bw else ""),
+         "result": f"{r['miss_turn_seconds']:.2f} s to recompute"},
+        {"name": "Hit rate", "formula": "history tokens found in GPU memory ÷ history tokens needed",
+         "substituted": f"over {r['turns']} turns", "result": f"{r['hit_rate']:.1%}"},
+    ]
+
+
+def readouts(p: AgentParams, r: dict) -> list[dict]:
+    return [
+        {"label": "Hit rate", "value": f"{r['hit_rate']:.0%}", "detail": "of history found in GPU memory"},
+        {"label": "Sessions that fit", "value": f"{r['sessions_that_fit']} of {p.sessions}",
+         "detail": f"at full length, in {thousands(r['capacity_tokens'])} tokens of KV"},
+        {"label": "Mean turn", "value": f"{r['mean_turn_seconds']:.2f} s",
+         "detail": f"a hit costs {r['hit_turn_seconds']:.2f} s; the worst turn {r['max_turn_seconds']:.2f} s"},
+        {"label": "Recompute vs reload", "value": f"{r['recompute_seconds']:.0f} s / {r['reload_seconds']:.0f} s",
+         "detail": "of GPU time over the run"},
+    ]

@@ -1,0 +1,44 @@
+"""The agent-sessions page: every turn's cost over time, the hit-rate cliff, and where the time went."""
+from __future__ import annotations
+
+from bokeh.layouts import column, row
+from bokeh.models import HoverTool, NumeralTickFormatter
+from bokeh.plotting import figure
+from bokeh.transform import factor_cmap
+
+from kvx.site import widgets
+
+KINDS = ["first turn", "hit", "reload", "recompute"]
+COLORS = ["#6b7280", "#059669", "#d97706", "#dc2626"]
+
+
+def layout(params_cls, values: dict, data: dict):
+    src = widgets.sources(data)
+    turns = figure(height=330, sizing_mode="stretch_width", toolbar_location=None,
+                   title="Every turn's time to first token: green when the history was still cached",
+                   x_axis_label="time (s)", y_axis_label="seconds of prefill")
+    turns.scatter("start", "seconds", source=src["turns"], size=9, legend_field="kind",
+                  color=factor_cmap("kind", COLORS, KINDS))
+    turns.add_tools(HoverTool(tooltips=[("session", "@session"), ("prompt", "@prompt{0,0} tokens"),
+                                        ("", "@kind"), ("time", "@seconds{0.00} s")]))
+    turns.legend.location = "top_left"
+    turns.legend.orientation = "horizontal"
+
+    cliff = figure(height=300, sizing_mode="stretch_width", toolbar_location=None, y_range=(0, 1.05),
+                   title="The cliff: hit rate against the number of sessions", x_axis_label="sessions",
+                   y_axis_label="history found in GPU memory")
+    cliff.line("sessions", "hit_rate", source=src["cliff"], line_width=3, color="#2563eb")
+    cliff.scatter("sessions", "hit_rate", source=src["cliff"], size=7, color="#2563eb")
+    cliff.scatter("sessions", "hit_rate", source=src["here"], size=15, color="#dc2626")
+    cliff.yaxis.formatter = NumeralTickFormatter(format="0%")
+
+    split = figure(height=300, sizing_mode="stretch_width", toolbar_location=None, x_range=["recompute", "reload",
+                                                                                           "new tokens"],
+                   title="GPU seconds over the run", y_axis_label="seconds")
+    split.vbar(x="what", top="seconds", source=src["split"], width=0.6,
+               color=factor_cmap("what", ["#dc2626", "#d97706", "#059669"], ["recompute", "reload", "new tokens"]))
+    for fig in (turns, cliff, split):
+        fig.title.text_font_size = "15px"
+        fig.axis.axis_label_text_font_size = "13px"
+    return column(widgets.controls(params_cls, values, per_row=5), turns, row(cliff, split, sizing_mode="stretch_width"),
+                  sizing_mode="stretch_width")
