@@ -83,11 +83,12 @@ def cmd_serve(args) -> int:
 def cmd_train(args) -> int:
     import dataclasses
 
-    from kvx.compute.lm.train import CHECKPOINTS, CONFIGS, TrainSettings, train
+    from kvx.compute.lm.train import CHECKPOINTS, CONFIGS, STEPS, TrainSettings, train
     if args.name not in CONFIGS:
         print(f"kvx: there is no model {args.name!r}; the models are {', '.join(CONFIGS)}.", file=sys.stderr)
         return 2
-    overrides = {k: v for k, v in (("steps", args.steps), ("threads", args.threads), ("seed", args.seed)) if v is not None}
+    overrides = {k: v for k, v in (("steps", args.steps or STEPS[args.name]), ("threads", args.threads),
+                                   ("seed", args.seed)) if v is not None}
     train(args.name, dataclasses.replace(TrainSettings(), **overrides), Path(args.out or CHECKPOINTS))
     return 0
 

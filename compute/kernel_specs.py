@@ -160,7 +160,7 @@ def eviction_run(r: EvictionRequest, progress) -> dict:
     model = trained(r.model)
     if r.task == "recall":
         ids, pos = data.recall_set(r.sequences, SEQ_LEN)
-        prefix = int(pos[:, 0].min()) - 21            # the prompt ends before `\nassert KEY_xxxx == "`
+        prefix = data.query_start(pos[0].tolist())   # the prompt ends where the asserts begin
     else:
         ids, pos, prefix = data.text_set(r.sequences, SEQ_LEN), None, SEQ_LEN - 64
     ids = ids.to(device())

@@ -18,7 +18,7 @@ import torch
 from kvx.compute.lm.model import BOS
 
 SKIP_PARTS = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
-HEX, ALNUM = "0123456789abcdef", "abcdefghijklmnopqrstuvwxyz0123456789"
+LOWER = "abcdefghijklmnopqrstuvwxyz"
 
 
 @cache
@@ -45,15 +45,19 @@ def text_sequence(data: bytes, length: int, rng: random.Random) -> list[int]:
     return [BOS] + list(data[start:start + length - 1])
 
 
-def recall_sequence(data: bytes, length: int, rng: random.Random, pairs: int = 4) -> tuple[list[int], list[int]]:
-    """Code with `KEY_xxxx = "vvvv"` lines planted early and `assert KEY_xxxx == "vvvv"` at the end.
+def recall_sequence(data: bytes, length: int, rng: random.Random, pairs: int = 8,
+                    queries: int = 4) -> tuple[list[int], list[int]]:
+    """Code with `KEY_xyz = "abc"` lines planted in the first half and `assert KEY_xyz == "abc"` lines
+    at the end, for `queries` of the planted keys.
 
-    Returns the token ids and the positions of the four value bytes the model must recall.
+    Returns the token ids and the positions of the value bytes the model must recall (3 per query).
     """
-    keys = ["".join(rng.choice(HEX) for _ in range(4)) for _ in range(pairs)]
-    values = ["".join(rng.choice(ALNUM) for _ in range(4)) for _ in range(pairs)]
-    asked = rng.randrange(pairs)
-    query = f'\nassert KEY_{keys[asked]} == "{values[asked]}"\n'.encode()
+    keys = rng.sample(range(16 ** 3), pairs)
+    keys = [f"{k:03x}" for k in keys]
+    values = ["".join(rng.choice(LOWER) for _ in range(3)) for _ in range(pairs)]
+    asked = rng.sample(range(pairs), queries)
+    lines = [f'\nassert KEY_{keys[i]} == "{values[i]}"' for i in asked]
+    query = ("".join(lines) + "\n").encode()
     filler = bytearray(data[(s := rng.randrange(0, len(data) - length)):s + length])
     # Plant the definitions at line starts in the first half, so the recall spans hundreds of tokens.
     spots = sorted(rng.sample(range(8, length // 2), pairs), reverse=True)
@@ -62,8 +66,19 @@ def recall_sequence(data: bytes, length: int, rng: random.Random, pairs: int = 4
         filler[cut:cut] = f'KEY_{k} = "{v}"\n'.encode()
     body = bytes(filler[:length - 1 - len(query)])
     ids = [BOS] + list(body + query)
-    value_end = len(ids) - 2                     # the closing quote sits before the final newline
-    return ids, list(range(value_end - 4, value_end))
+    start = len(ids) - len(query)
+    positions, offset = [], start
+    for line in lines:
+        value_at = offset + len(line) - 4            # the value sits before the closing quote
+        positions.extend(range(value_at, value_at + 3))
+        offset += len(line)
+    return ids, positions
+
+
+def query_start(positions: list[int]) -> int:
+    """Where the block of asserts begins (from the first value's position): a cache policy compresses
+    the prompt before it, and the asserts are the question asked after compression."""
+    return positions[0] - (len('\nassert KEY_xyz == "abc"') - 4)
 
 
 def batch(split: str, size: int, length: int, rng: random.Random, recall_share: float):

@@ -37,13 +37,17 @@ CONFIGS = {
 }
 
 
+# The step counts the committed checkpoints were trained with (`kvx train NAME` uses these).
+STEPS = {"gqa-large": 4000, "gqa-small": 4000, "mla": 3500}
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainSettings:
     steps: int = 4000
     batch: int = 4
     lr: float = 3e-3
     warmup: int = 200
-    recall_share: float = 0.4
+    recall_share: float = 0.5
     seed: int = 0
     threads: int = 1
 

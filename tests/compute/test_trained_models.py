@@ -52,7 +52,7 @@ def test_the_models_form_an_attention_sink(models):
 
 def test_keeping_sinks_and_window_beats_random_at_low_budget(models):
     ids, pos = data.recall_set(16, SEQ_LEN)
-    prefix = int(pos[0, 0]) - 21
+    prefix = data.query_start(pos[0].tolist())
     m = models["gqa-large"]
     full = eviction.evaluate(m, ids, prefix, eviction.FullCache(), 1.0, answer_positions=pos)
     snap = eviction.evaluate(m, ids, prefix, eviction.SnapKV(), 0.1, answer_positions=pos)
