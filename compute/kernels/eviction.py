@@ -133,7 +133,8 @@ def evaluate(model, ids: torch.Tensor, prefix: int, policy: Policy, budget_fract
              answer_positions: torch.Tensor | None = None) -> dict:
     """Loss and top-1 agreement on the continuation, with the prefix cut to a budget by the policy.
 
-    answer_positions: optional [B, k] positions (recall values) to score exact recall on.
+    answer_positions: optional [B, k] positions (recall values) to score recall on: the share of
+    answer bytes right, and of sequences with every answer right.
     """
     budget = max(1, round(budget_fraction * prefix))
     full_logits, weights, _ = model(ids, need_weights=True)
@@ -151,7 +152,9 @@ def evaluate(model, ids: torch.Tensor, prefix: int, policy: Policy, budget_fract
     }
     if answer_positions is not None:
         guess = logits.gather(1, (answer_positions - 1)[..., None].expand(-1, -1, logits.shape[-1])).argmax(-1)
-        out["recall_exact"] = (guess == ids.gather(1, answer_positions)).all(-1).float().mean().item()
+        right = guess == ids.gather(1, answer_positions)
+        out["recall_byte_acc"] = right.float().mean().item()
+        out["recall_exact"] = right.all(-1).float().mean().item()
     return out
 
 

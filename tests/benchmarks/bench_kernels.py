@@ -55,7 +55,7 @@ def main() -> int:
             r = eviction_run(EvictionRequest(policy=policy, budget_fraction=0.25, sequences=8), quiet)
             seconds = time.perf_counter() - t0
             report["eviction"].append({"policy": policy, "seconds": seconds, "tokens_per_s": 8 * 512 / seconds,
-                                       "loss": r["loss"], "recall_exact": r.get("recall_exact")})
+                                       "loss": r["loss"], "recall_byte_acc": r.get("recall_byte_acc")})
     except FileNotFoundError as err:
         report["eviction"] = [{"skipped": str(err)}]
 

@@ -57,7 +57,7 @@ def test_keeping_sinks_and_window_beats_random_at_low_budget(models):
     full = eviction.evaluate(m, ids, prefix, eviction.FullCache(), 1.0, answer_positions=pos)
     snap = eviction.evaluate(m, ids, prefix, eviction.SnapKV(), 0.1, answer_positions=pos)
     stream = eviction.evaluate(m, ids, prefix, eviction.StreamingLLM(), 0.1, answer_positions=pos)
-    assert full["recall_exact"] > stream["recall_exact"]          # the needle is far back: a window loses it
+    assert full["recall_byte_acc"] > stream["recall_byte_acc"] + 0.3   # the needle is far back: a window loses it
     assert snap["loss"] < eviction.evaluate(m, ids, prefix, eviction.RandomPolicy(), 0.1,
                                              answer_positions=pos)["loss"]
 
