@@ -45,40 +45,40 @@ def text_sequence(data: bytes, length: int, rng: random.Random) -> list[int]:
     return [BOS] + list(data[start:start + length - 1])
 
 
-def recall_sequence(data: bytes, length: int, rng: random.Random, pairs: int = 8,
-                    queries: int = 4) -> tuple[list[int], list[int]]:
-    """Code with `KEY_xyz = "abc"` lines planted in the first half and `assert KEY_xyz == "abc"` lines
-    at the end, for `queries` of the planted keys.
+NEEDLE, SHOWN = 8, 2            # needle length, and how much of it the question repeats
 
-    Returns the token ids and the positions of the value bytes the model must recall (3 per query).
+
+def recall_sequence(data: bytes, length: int, rng: random.Random, needles: int = 4) -> tuple[list[int], list[int]]:
+    """Code with `SECRET_k = "<8 random letters>"` lines planted in the first half; at the end each
+    needle is asked for again by its name and first two letters, and the model must continue it.
+
+    Continuing a string seen earlier is what induction heads do, so a small model can learn it, and
+    it needs the needle's own tokens still in the cache: evict them and the answer is a guess.
+    Returns the token ids and the positions of the letters to recall (6 per needle).
     """
-    keys = rng.sample(range(16 ** 3), pairs)
-    keys = [f"{k:03x}" for k in keys]
-    values = ["".join(rng.choice(LOWER) for _ in range(3)) for _ in range(pairs)]
-    asked = rng.sample(range(pairs), queries)
-    lines = [f'\nassert KEY_{keys[i]} == "{values[i]}"' for i in asked]
+    secrets = ["".join(rng.choice(LOWER) for _ in range(NEEDLE)) for _ in range(needles)]
+    order = rng.sample(range(needles), needles)
+    lines = [f'\nSECRET_{i} = "{secrets[i]}"' for i in order]
     query = ("".join(lines) + "\n").encode()
     filler = bytearray(data[(s := rng.randrange(0, len(data) - length)):s + length])
-    # Plant the definitions at line starts in the first half, so the recall spans hundreds of tokens.
-    spots = sorted(rng.sample(range(8, length // 2), pairs), reverse=True)
-    for spot, k, v in zip(spots, keys, values):
+    spots = sorted(rng.sample(range(8, length // 2), needles), reverse=True)
+    for spot, i in zip(spots, range(needles)):
         cut = filler.rfind(b"\n", 0, spot) + 1
-        filler[cut:cut] = f'KEY_{k} = "{v}"\n'.encode()
+        filler[cut:cut] = f'SECRET_{i} = "{secrets[i]}"\n'.encode()
     body = bytes(filler[:length - 1 - len(query)])
     ids = [BOS] + list(body + query)
-    start = len(ids) - len(query)
-    positions, offset = [], start
+    positions, offset = [], len(ids) - len(query)
     for line in lines:
-        value_at = offset + len(line) - 4            # the value sits before the closing quote
-        positions.extend(range(value_at, value_at + 3))
+        first = offset + len(line) - 1 - NEEDLE            # the needle's first letter
+        positions.extend(range(first + SHOWN, first + NEEDLE))
         offset += len(line)
     return ids, positions
 
 
 def query_start(positions: list[int]) -> int:
-    """Where the block of asserts begins (from the first value's position): a cache policy compresses
-    the prompt before it, and the asserts are the question asked after compression."""
-    return positions[0] - (len('\nassert KEY_xyz == "abc"') - 4)
+    """Where the questions begin (from the first answer's position): a cache policy compresses the
+    prompt before it, and the questions come after compression."""
+    return positions[0] - SHOWN - len('\nSECRET_0 = "')
 
 
 def batch(split: str, size: int, length: int, rng: random.Random, recall_share: float):
