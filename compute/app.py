@@ -65,9 +65,11 @@ def _include_kernels(app: FastAPI, settings: Settings) -> None:
         from kvx.compute.jobs import JobRunner
         from kvx.compute.routers import kernels
     except ImportError as err:
+        reason = str(err)            # `err` itself is gone once the except block ends
+
         @app.api_route("/api/v1/kernels/{name}", methods=["GET", "POST"], include_in_schema=False)
         def no_kernels(name: str):
-            return JSONResponse(status_code=503, content={"detail": f"The kernels need PyTorch ({err}); install "
+            return JSONResponse(status_code=503, content={"detail": f"The kernels need PyTorch ({reason}); install "
                                                                     f"kvx[kernels] to run them on this server."})
         return
     app.state.jobs = JobRunner(settings.kernel_workers, settings.kernel_queue,

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from kvx.compute.lm.model import MLAAttention, rope_tables, apply_rope
+from kvx.compute.lm.model import MLAAttention, rope_tables
 
 
 def decode_inputs(layer: MLAAttention, batch: int, context: int, generator: torch.Generator, dtype=torch.float32):

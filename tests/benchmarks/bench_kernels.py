@@ -14,8 +14,6 @@ import json
 import time
 from pathlib import Path
 
-import torch
-
 from kvx.compute.kernel_specs import (EvictionRequest, MLARequest, PagedRequest, describe_device, eviction_run,
                                       mla_run, paged_run)
 from kvx.compute.kernels.timing import copy_bandwidth, device

@@ -98,3 +98,19 @@ def test_serves_the_built_site_with_the_right_types(built_site):
     assert c.get("/cache-renting.html").status_code == 200
     assert c.get("/../pyproject.toml").status_code == 404
     assert c.get("/api/v1/health").json()["status"] == "ok"      # the API still wins over the site
+
+
+def test_without_pytorch_the_kernels_say_so(tmp_path, monkeypatch):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_torch(name, *args, **kwargs):
+        if name == "kvx.compute.routers" and args and args[2] and "kernels" in args[2]:
+            raise ImportError("No module named 'torch'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    app = create_app(Settings(site_dir=tmp_path))
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    r = TestClient(app).post("/api/v1/kernels/mla", json={})
+    assert r.status_code == 503 and "need PyTorch (No module named 'torch')" in r.json()["detail"]

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from kvx.explainers.core.dtypes import DTYPE_BITS, dtype_bits, dtype_bytes, dtype_label
+from kvx.explainers.core.dtypes import dtype_bits, dtype_bytes, dtype_label
 from kvx.explainers.core.gpus import GPUS
 from kvx.explainers.core.models import MODELS, ModelPreset
 from kvx.explainers.core.params import Params, ParamError, choice, integer, number

@@ -46,11 +46,10 @@ def test_the_pages_figures():
 def test_timeline_invariants(rate, lifetime, duration, seed):
     p = P(rate_per_min=rate, lifetime_s=lifetime, duration_min=duration, seed=seed)
     events = simulate(p)
-    last_use, expires = None, None
+    last_use = None
     for e in sorted(events, key=lambda e: (e["t"], e["kind"] != "expiry")):
         if e["kind"] == "expiry":
             assert last_use is not None and e["t"] == pytest.approx(last_use + lifetime)
-            expires = e["t"]
         elif e["kind"] == "hit":
             assert last_use is not None and e["t"] - last_use <= lifetime       # a hit is within the lifetime
             last_use = e["t"]
