@@ -313,6 +313,7 @@ function startWorker() {
     } else if (msg.type === "failed") {
       setStatus(`Python could not start (${msg.message}); the plots keep the precomputed values.`, "failed");
     } else if (msg.type === "result") {
+      state.pythonMs = msg.ms;
       onResult(msg.id, msg.reply);
     }
   };

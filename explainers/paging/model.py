@@ -257,19 +257,25 @@ def history(p: PagingParams) -> dict[str, list[dict]]:
             sim.step()
             rows.append(sim.summary())
         out[kind] = rows
+        _keep_live(p, kind, sim)                    # the last frame is then free to draw
     return out
 
 
 _live: dict[tuple, Simulation] = {}
 
 
+def _keep_live(p: PagingParams, kind: str, sim: Simulation) -> None:
+    if len(_live) > 16:
+        _live.clear()
+    _live[(p, kind)] = sim
+
+
 def state_at(p: PagingParams, kind: str, k: int) -> Simulation:
     """The simulation after step k. Playing forward reuses the last one, so each frame costs one step."""
     sim = _live.get((p, kind))
     if sim is None or sim.now > k:
-        if len(_live) > 16:
-            _live.clear()
-        sim = _live[(p, kind)] = Simulation(p, kind)
+        sim = Simulation(p, kind)
+        _keep_live(p, kind, sim)
     while sim.now < k and not sim.finished:
         sim.step()
     return sim

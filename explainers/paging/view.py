@@ -4,9 +4,9 @@ from __future__ import annotations
 from bokeh.layouts import column, row
 from bokeh.models import HoverTool, Range1d
 from bokeh.plotting import figure
-from bokeh.transform import dodge, factor_hatch
+from bokeh.transform import dodge
 
-from kvx.explainers.paging.model import KINDS, ROW_SLOTS
+from kvx.explainers.paging.model import ROW_SLOTS
 from kvx.site import widgets
 
 RESERVE, PAGED = "#b45309", "#2563eb"
@@ -17,9 +17,7 @@ def _memory_map(title: str, source, rows_range):
                  toolbar_location=None, title=title, x_axis_label=f"token slot within a row of {ROW_SLOTS}",
                  y_axis_label="row")
     fig.quad(left="x0", right="x1", bottom=dodge("row", -0.42), top=dodge("row", 0.42), source=source,
-             fill_color="color", fill_alpha="alpha", line_color="white", line_width=0.5,
-             hatch_pattern=factor_hatch("kind", ["blank", "right_diagonal_line", "dot"], list(KINDS)),
-             hatch_color="#111827", hatch_alpha=0.5)
+             fill_color="color", fill_alpha="alpha", line_color="white", line_width=0.5)
     fig.add_tools(HoverTool(tooltips=[("request", "@request"), ("", "@kind"), ("slots", "@x0–@x1")]))
     fig.ygrid.visible = False
     return fig
@@ -29,9 +27,9 @@ def layout(params_cls, values: dict, data: dict):
     src = widgets.sources(data)
     top, bottom = data["ranges"]["map_rows"]
     rows_range = Range1d(top, bottom, name="range:map_rows")
-    reserve = _memory_map("Reserve: a chunk per request (hatched: reserved, empty)",
+    reserve = _memory_map("Reserve: a chunk per request (pale: reserved, still empty)",
                           src["reserve_map"], rows_range)
-    paged = _memory_map("Paged: blocks on demand (dotted: empty end of a last block)", src["paged_map"], rows_range)
+    paged = _memory_map("Paged: blocks on demand (pale: the empty end of a last block)", src["paged_map"], rows_range)
 
     share = figure(height=260, sizing_mode="stretch_width", toolbar_location=None, y_range=(0, 1.02),
                    title="Share of KV memory holding real token states", x_axis_label="decode step")
