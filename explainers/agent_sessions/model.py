@@ -164,22 +164,43 @@ def page_data(p: AgentParams) -> dict:
     r = evaluate(p)
     turns = simulate(p)
     cliff = [summary(simulate(p, n))["hit_rate"] for n in CLIFF_SESSIONS]
+    frames, captions = _frames(turns)
     return {
+        "animation": {"source": "turns", "frames": len(captions), "captions": captions},
         "sources": {
             "turns": {"start": [t.start for t in turns], "seconds": [t.seconds for t in turns],
                       "session": [str(t.session) for t in turns], "kind": [t.kind for t in turns],
-                      "prompt": [t.prompt for t in turns]},
+                      "prompt": [t.prompt for t in turns], "frame": frames},
             "cliff": {"sessions": CLIFF_SESSIONS, "hit_rate": cliff},
             "here": {"sessions": [p.sessions], "hit_rate": [r["hit_rate"]]},
             "split": {"what": ["recompute", "reload", "new tokens"],
                       "seconds": [r["recompute_seconds"], r["reload_seconds"],
                                   r["turns"] * p.growth_tokens / r["prefill_tokens_per_s"]]},
         },
-        "ranges": {},
+        "ranges": {"turns_x": [0, 1.03 * max(t.start + t.seconds for t in turns)]},  # fixed while animating
         "formula": formula(p, r),
         "readouts": readouts(p, r),
         "notes": [],
     }
+
+
+MAX_FRAMES = 120
+
+
+def _frames(turns: list[Turn]) -> tuple[list[int], list[str]]:
+    """The turns appear in time order, a few per frame; each caption says what the latest turns cost."""
+    per = max(1, -(-len(turns) // MAX_FRAMES))
+    frames = [i // per for i in range(len(turns))]
+    captions = []
+    for f in range(frames[-1] + 1 if turns else 0):
+        shown = turns[: (f + 1) * per]
+        last = shown[-1]
+        hits = sum(t.kind == "hit" for t in shown)
+        misses = sum(t.kind in ("reload", "recompute") for t in shown)
+        captions.append(f"t = {last.start:,.0f} s: session {last.session}, turn {last.turn + 1}, "
+                        f"{thousands(last.prompt)} tokens, {last.kind}: {last.seconds:.2f} s to first token. "
+                        f"So far {hits} hits and {misses} misses.")
+    return frames, captions
 
 
 def formula(p: AgentParams, r: dict) -> list[dict]:

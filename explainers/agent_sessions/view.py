@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from bokeh.layouts import column, row
-from bokeh.models import HoverTool, NumeralTickFormatter
+from bokeh.models import HoverTool, NumeralTickFormatter, Range1d
 from bokeh.plotting import figure
 from bokeh.transform import factor_cmap
 
@@ -14,7 +14,9 @@ COLORS = ["#6b7280", "#059669", "#d97706", "#dc2626"]
 
 def layout(params_cls, values: dict, data: dict):
     src = widgets.sources(data)
+    start, end = data["ranges"]["turns_x"]
     turns = figure(height=330, sizing_mode="stretch_width", toolbar_location=None,
+                   x_range=Range1d(start, end, name="range:turns_x"),
                    title="Every turn's time to first token: green when the history was still cached",
                    x_axis_label="time (s)", y_axis_label="seconds of prefill")
     turns.scatter("start", "seconds", source=src["turns"], size=9, legend_field="kind",
@@ -40,5 +42,6 @@ def layout(params_cls, values: dict, data: dict):
     for fig in (turns, cliff, split):
         fig.title.text_font_size = "15px"
         fig.axis.axis_label_text_font_size = "13px"
-    return column(widgets.controls(params_cls, values, per_row=5), turns, row(cliff, split, sizing_mode="stretch_width"),
-                  sizing_mode="stretch_width")
+    return column(widgets.controls(params_cls, values, per_row=5),
+                  widgets.animation_controls(data["animation"]["frames"]), turns,
+                  row(cliff, split, sizing_mode="stretch_width"), sizing_mode="stretch_width")

@@ -59,3 +59,12 @@ def test_every_history_token_is_found_reloaded_or_recomputed(p):
 def test_more_sessions_never_raise_the_hit_rate_much():
     rates = [evaluate(P(sessions=n))["hit_rate"] for n in (1, 4, 8, 16, 32)]
     assert rates[0] == rates[1] == 1.0 and rates[-1] < 0.3 and rates == sorted(rates, reverse=True)
+
+
+def test_animation_frames_reveal_turns_in_time_order():
+    from kvx.explainers.agent_sessions.model import page_data
+    d = page_data(P())
+    frames = d["sources"]["turns"]["frame"]
+    assert frames == sorted(frames) and frames[0] == 0
+    assert d["animation"]["frames"] == len(d["animation"]["captions"]) == frames[-1] + 1 <= 120
+    assert d["sources"]["turns"]["start"] == sorted(d["sources"]["turns"]["start"])
