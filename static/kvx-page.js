@@ -40,7 +40,8 @@ function writeURL(params) {
     if (params[k] !== "" && String(params[k]) !== dflt && Number(params[k]) !== Number(dflt)) q.set(k, params[k]);
     else q.delete(k);
   }
-  if (anim() && state.frame !== lastFrame()) q.set("step", state.frame); else q.delete("step");
+  const opening = anim() && anim().mode === "on_demand" ? cfg.baked.animation.frame : lastFrame();
+  if (anim() && state.frame !== opening) q.set("step", state.frame); else q.delete("step");
   const s = q.toString();
   history.replaceState(null, "", s ? `?${s}` : location.pathname);
 }
@@ -140,8 +141,7 @@ function apply(data, keepFrame) {
     state.suppress = false;
     const k = keepFrame && !wasAtEnd ? Math.min(state.frame, lastFrame()) : lastFrame();
     if (anim().mode === "on_demand") {
-      showFrameLocal(anim().frame, anim().caption);
-      if (k !== anim().frame) showFrame(k);
+      showFrameLocal(anim().frame, anim().caption);   // the model chose the frame to open on
     } else {
       showFrame(k);
     }

@@ -383,6 +383,14 @@ def frame_data(p: PagingParams, frame: int) -> dict:
     }
 
 
+def busiest_frame(p: PagingParams) -> int:
+    """The frame to open on: when the most requests wait for memory (the maps are full), not the empty end."""
+    rows = history(p)["paged"]
+    steps = frame_steps(p)
+    waiting = [rows[min(k, len(rows) - 1)]["waiting"] + rows[min(k, len(rows) - 1)]["running"] for k in steps]
+    return max(range(len(steps)), key=lambda i: (waiting[i], -i))
+
+
 def page_data(p: PagingParams, frame: int | None = None) -> dict:
     hist = history(p)
     steps = frame_steps(p)
@@ -393,7 +401,7 @@ def page_data(p: PagingParams, frame: int | None = None) -> dict:
         series[f"{kind}_running"] = [r["running"] for r in rows]
         series[f"{kind}_preemptions"] = [r["preemptions"] for r in rows]
     r = evaluate(p)
-    at = frame_data(p, len(steps) - 1 if frame is None else frame)
+    at = frame_data(p, busiest_frame(p) if frame is None else frame)
     return {
         **at,
         "sources": {**at["sources"], "series": series},
@@ -417,8 +425,8 @@ def caption(sims: dict, p: PagingParams, k: int) -> str:
 
 def formula(p: PagingParams, r: dict) -> list[dict]:
     mean_total = p.prompt_mean + p.output_mean
-    res = {"max": f"max_len = {thousands(p.max_len)}", "pow2": "next power of two ≥ prompt + output",
-           "oracle": "prompt + output"}[p.reserve]
+    res = {"max": "max_len, whatever the request", "pow2": "next power of two ≥ prompt + output",
+           "oracle": "prompt + output (known in advance)"}[p.reserve]
     return [
         {"name": "Share holding token states", "formula": "Σ tokens stored ÷ memory slots, averaged over steps "
                                                           "when requests wait",
@@ -426,11 +434,11 @@ def formula(p: PagingParams, r: dict) -> list[dict]:
                         f"{r['paged_token_state_share']:.1%}", "result": f"{r['reserve_token_state_share']:.1%} vs "
                                                                         f"{r['paged_token_state_share']:.1%}"},
         {"name": "Reserved per request", "formula": res,
-         "substituted": f"a request of about {thousands(mean_total)} tokens on average reserves "
-                        f"{thousands(p.max_len) if p.reserve == 'max' else 'its own size or more'}",
-         "result": f"expected share at most ≈ (prompt + output/2) ÷ reservation = "
-                   f"{(p.prompt_mean + p.output_mean / 2) / p.max_len:.1%} for max" if p.reserve == "max"
-         else "grows with how well the length is known"},
+         "substituted": f"mean request: {thousands(p.prompt_mean)} + {thousands(p.output_mean)} = "
+                        f"{thousands(mean_total)} tokens" + (f" in {thousands(p.max_len)} reserved slots"
+                                                            if p.reserve == "max" else ""),
+         "result": (f"even a finished request fills {mean_total / p.max_len:.0%} of its reservation on average"
+                    if p.reserve == "max" else "the reservation shrinks as the length is better known")},
         {"name": "Paged waste per request", "formula": "slots in the last block not yet filled < block size",
          "substituted": f"mean {r['paged']['mean_waste_per_request_slots']:.1f}, most "
                         f"{r['paged']['max_waste_per_request_slots']:.1f} slots, block size {p.block_size}",

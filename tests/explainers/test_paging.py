@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from kvx.explainers.core.params import ParamError
 from kvx.explainers.paging.model import (PagedAllocator, PagingParams as P, Request, ReserveAllocator, Simulation,
-                                         evaluate, frame_data, frame_steps, page_data, workload)
+                                         busiest_frame, evaluate, frame_data, frame_steps, page_data, workload)
 
 PAGE = (Path(__file__).parents[2] / "explainers" / "paging" / "page.md").read_text()
 
@@ -115,7 +115,10 @@ def test_frames_are_deterministic_and_bounded():
     assert frame_data(p, 37) == frame_data(P(), 37)
     assert frame_data(p, 10**6)["animation"]["frame"] == len(steps) - 1
     full = page_data(p)
-    assert full["sources"]["paged_map"] == frame_data(p, len(steps) - 1)["sources"]["paged_map"]
+    opening = busiest_frame(p)
+    assert full["animation"]["frame"] == opening and steps[opening] == 168
+    assert full["sources"]["paged_map"] == frame_data(p, opening)["sources"]["paged_map"]
+    assert full["sources"]["paged_map"]["x0"], "the page opens on a full memory map, not the empty end"
 
 
 def test_cross_field_checks():
