@@ -17,7 +17,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kvx.compute.kernels import crosslayer, crossmodel, eviction, mla, paged, quant
-from kvx.compute.kernels.timing import device, median_seconds
+from kvx.compute.kernels.timing import copy_bandwidth, device, median_seconds
 from kvx.compute.lm import data
 from kvx.compute.lm.model import TinyLM, next_token_loss
 from kvx.compute.lm.train import CHECKPOINTS, SEQ_LEN, load
@@ -300,7 +300,7 @@ def decode_run(r: DecodeRequest, progress) -> dict:
 
 @functools.cache
 def _copy_bandwidth(dev) -> float:
-    from kvx.compute.kernels.timing import copy_bandwidth
+    """Measured once per process: it takes a second and the machine does not change."""
     return copy_bandwidth(dev)
 
 

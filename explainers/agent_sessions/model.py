@@ -77,7 +77,8 @@ class Turn:
         return "recompute" if self.recomputed else "reload" if self.reloaded else "hit"
 
 
-def simulate(p: AgentParams, sessions: int | None = None) -> list[Turn]:
+@functools.lru_cache(maxsize=32)
+def simulate(p: AgentParams, sessions: int | None = None) -> tuple[Turn, ...]:
     """Every turn of every session, in time order (events ordered by time, then a counter)."""
     n = p.sessions if sessions is None else sessions
     rng = random.Random(p.seed)
@@ -118,7 +119,7 @@ def simulate(p: AgentParams, sessions: int | None = None) -> list[Turn]:
             del resident[victim]
         if keep:
             resident[s] = keep
-    return out
+    return tuple(out)
 
 
 def _policy_key(policy, last_use, uses, next_start):
@@ -129,7 +130,7 @@ def _policy_key(policy, last_use, uses, next_start):
     return lambda s: (-next_start[s], s)             # evict whoever comes back last
 
 
-def summary(turns: list[Turn]) -> dict:
+def summary(turns: tuple[Turn, ...]) -> dict:
     history = sum(t.cached + t.reloaded + t.recomputed for t in turns)
     return {
         "turns": len(turns),
@@ -163,7 +164,7 @@ def evaluate(p: AgentParams) -> dict:
 def page_data(p: AgentParams) -> dict:
     r = evaluate(p)
     turns = simulate(p)
-    cliff = [summary(simulate(p, n))["hit_rate"] for n in CLIFF_SESSIONS]
+    cliff = [summary(simulate(p, None if n == p.sessions else n))["hit_rate"] for n in CLIFF_SESSIONS]
     frames, captions = _frames(turns)
     return {
         "animation": {"source": "turns", "frames": len(captions), "captions": captions},
@@ -187,7 +188,7 @@ def page_data(p: AgentParams) -> dict:
 MAX_FRAMES = 120
 
 
-def _frames(turns: list[Turn]) -> tuple[list[int], list[str]]:
+def _frames(turns: tuple[Turn, ...]) -> tuple[list[int], list[str]]:
     """The turns appear in time order, a few per frame; each caption says what the latest turns cost."""
     per = max(1, -(-len(turns) // MAX_FRAMES))
     frames = [i // per for i in range(len(turns))]

@@ -312,9 +312,6 @@ def evaluate(p: PagingParams) -> dict:
 
 
 # ---- what the page draws --------------------------------------------------------------------------------
-KINDS = ("stored", "reserved", "last-block slack")
-
-
 def memory_map(layout: list[tuple], p: PagingParams, kind: str) -> dict:
     """Rectangles of the memory map at one frame, wrapped into rows of ROW_SLOTS slots."""
     cols = {"x0": [], "x1": [], "row": [], "request": [], "kind": [], "color": [], "alpha": []}
