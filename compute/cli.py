@@ -1,7 +1,7 @@
 """The `kvx` command: list and run explainer models, build the site, serve it with the API.
 
     kvx list [--json]
-    kvx run SLUG name=value ... [--json]
+    kvx run SLUG name=value ... [--json] [--trace FILE]
     kvx build [OUT]
     kvx serve [--host 127.0.0.1] [--port 8000] [--site build/site]
     kvx train NAME [--steps N] [--threads N] [--seed N] [--out DIR]
@@ -47,7 +47,17 @@ def cmd_run(args) -> int:
         print(f"kvx: there is no explainer {args.slug!r}; the explainers are {', '.join(REGISTRY)}.", file=sys.stderr)
         return 2
     try:
-        out = run(args.slug, _pairs(args.params))
+        values = _pairs(args.params)
+        if args.trace is not None:
+            if "trace" not in REGISTRY[args.slug].uploads:
+                print(f"kvx: {args.slug} takes no trace file.", file=sys.stderr)
+                return 2
+            try:
+                values["_trace"] = Path(args.trace).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as err:
+                print(f"kvx: cannot read the trace {args.trace}: {err}", file=sys.stderr)
+                return 2
+        out = run(args.slug, values)
     except ParamError as err:
         print(f"kvx: {err}", file=sys.stderr)
         return 2
@@ -103,6 +113,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("slug")
     p.add_argument("params", nargs="*", metavar="name=value")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--trace", metavar="FILE", help="a Mooncake-format trace (JSONL) for explainers that replay one")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("build", help="build the static site")
     p.add_argument("out", nargs="?", default=str(DEFAULT_SITE))

@@ -6,8 +6,8 @@ them by these names, so an explainer's view only lays them out; it never writes 
 """
 from __future__ import annotations
 
-from bokeh.models import (AutocompleteInput, Button, ColumnDataSource, CustomJS, Div, InlineStyleSheet, Select,
-                          Slider, TextInput)
+from bokeh.models import (AutocompleteInput, Button, ColumnDataSource, CustomJS, Div, FileInput, InlineStyleSheet,
+                          Select, Slider, TextInput)
 from bokeh.layouts import column, row
 
 SPEEDS = ["0.5×", "1×", "2×", "4×", "8×"]
@@ -95,3 +95,17 @@ def run_controls():
                     button_type="success", stylesheets=[readable()])
     button.js_on_event("button_click", CustomJS(code="window.kvx && window.kvx.runHere()"))
     return column(button, text("run_result"), sizing_mode="stretch_width")
+
+
+def upload(name: str, title: str, accept: str = ""):
+    """A file the reader gives the model as data (a trace): the runtime reads it as text and sends it as
+    `_<name>` with every request. The file is not a parameter, so it is never in the URL. A button
+    puts the model back on its own data; the message for a bad file appears underneath."""
+    label = Div(text=title, styles={"font-size": "15px"})
+    box = FileInput(name=f"upload:{name}", accept=accept, width=360, stylesheets=[readable()])
+    box.js_on_change("value", CustomJS(code="window.kvx && window.kvx.onUpload(cb_obj)"))
+    clear = Button(label="Use the built-in data", name=f"clear:{name}", width=220, stylesheets=[readable()])
+    clear.js_on_event("button_click", CustomJS(code=f"window.kvx && window.kvx.clearUpload({name!r})"))
+    error = Div(name=f"error:{name}", text="", sizing_mode="stretch_width", styles={"color": "#b91c1c",
+                                                                                  "font-size": "14px"})
+    return column(label, row(box, clear), error, sizing_mode="stretch_width")

@@ -4,7 +4,7 @@
 // sends it every control change (the latest request wins; stale replies are dropped), and puts the
 // model's reply into the named Bokeh sources, the formula and the readouts. It also drives the
 // animation (play, pause, step, reset, speed, keyboard) and keeps the state in the URL.
-// Names it relies on: param:<name>, error:<name>, source:<key>, range:<name>, anim:<part>.
+// Names it relies on: param:<name>, error:<name>, source:<key>, range:<name>, anim:<part>, upload:<name>.
 
 const cfg = JSON.parse(document.getElementById("kvx-config").textContent);
 const html = document.documentElement;
@@ -14,6 +14,7 @@ const state = { data: cfg.baked, frame: 0, timer: null, speed: 1, latest: 0, sen
 const timings = [];
 let doc = null;
 let worker = null;
+const uploads = {};          // name -> text of a file the reader gave the model (data, never in the URL)
 
 const model = (name) => doc.get_model_by_name(name);
 const anim = () => state.data.animation;
@@ -50,7 +51,29 @@ function writeURL(params) {
 function readParams() {
   const p = {};
   for (const k of names) p[k] = String(model(`param:${k}`).value ?? "").trim();
+  for (const [k, text] of Object.entries(uploads)) p[`_${k}`] = text;
   return p;
+}
+
+// ---- uploads: a file (say a trace) the model reads as data; sent as `_<name>` with every request -----
+function decodeBase64(b64) {
+  const bin = atob(b64);
+  const bytes = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i += 1) bytes[i] = bin.charCodeAt(i);
+  return new TextDecoder().decode(bytes);
+}
+
+function onUpload(widget) {
+  const name = widget.name.slice("upload:".length);
+  const value = Array.isArray(widget.value) ? widget.value[0] : widget.value;
+  if (!value) return;
+  uploads[name] = decodeBase64(value);
+  request();
+}
+
+function clearUpload(name) {
+  delete uploads[name];
+  request();
 }
 
 function setControls(values) {
@@ -64,8 +87,13 @@ function setControls(values) {
 
 function showErrors(field, message) {
   for (const k of names) model(`error:${k}`).text = k === field ? message : "";
+  for (const box of doc.all_models) {                 // an upload's message sits under its file input
+    if (box.name && box.name.startsWith("error:") && !names.includes(box.name.slice(6))) {
+      box.text = box.name === `error:${field}` ? message : "";
+    }
+  }
   const notes = document.getElementById("kvx-notes");
-  if (field === null || !names.includes(field)) notes.textContent = message;
+  if (field === null || !(names.includes(field) || model(`error:${field}`))) notes.textContent = message;
 }
 
 function request() {
@@ -105,6 +133,7 @@ function onResult(id, reply) {
   if (typeof id === "string") return onFrame(id, reply);
   if (id !== state.latest) return;            // a newer request is on its way
   if (!reply.ok) {
+    if (reply.field in uploads) delete uploads[reply.field];   // a bad file is not kept: the next change uses the model's own data
     showErrors(reply.field, reply.message);
     html.dataset.kvxErrors = String(Number(html.dataset.kvxErrors || 0) + 1);
     return;
@@ -360,7 +389,8 @@ function whenBokehReady() {
   });
 }
 
-window.kvx = { onControl: () => { if (!state.suppress) request(); }, anim: animation, timings, state, runHere };
+window.kvx = { onControl: () => { if (!state.suppress) request(); }, anim: animation, timings, state, runHere,
+               onUpload, clearUpload };
 
 doc = await whenBokehReady();
 state.params = cfg.defaults;

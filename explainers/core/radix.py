@@ -50,6 +50,7 @@ class RadixTree:
         self.clock = itertools.count(1)
         self.ids = itertools.count(1)
         self.evicted = 0
+        self.on_evict: Callable[[Node], None] | None = None   # told of each evicted leaf (for tallies)
 
     # ---- lookup -----------------------------------------------------------------------------------
     def match(self, tokens) -> tuple[int, list[Node]]:
@@ -72,6 +73,22 @@ class RadixTree:
             path.append(child)
             node = child
         return matched, path
+
+    def peek(self, tokens) -> int:
+        """Length of the longest cached prefix of `tokens`, read only: no edge is split and no recency
+        changes. What a router asks of a replica's cache before it decides where a request goes."""
+        tokens = tuple(tokens)
+        node, matched = self.root, 0
+        while matched < len(tokens):
+            child = node.children.get(tokens[matched])
+            if child is None:
+                break
+            run = _common(child.tokens, tokens[matched:])
+            matched += run
+            if run < len(child.tokens):
+                break
+            node = child
+        return matched
 
     def _split(self, node: Node, at: int) -> Node:
         """Cut node's edge after `at` tokens; returns the new upper node."""
@@ -124,6 +141,8 @@ class RadixTree:
                 break
             victim = min(candidates, key=key)
             del victim.parent.children[victim.tokens[0]]
+            if self.on_evict is not None:
+                self.on_evict(victim)
             self.size -= len(victim.tokens)
             freed += len(victim.tokens)
         self.evicted += freed

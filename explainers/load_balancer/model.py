@@ -1,0 +1,824 @@
+"""The load balancer decides the hit rate.
+
+The same multi-turn sessions go to the same fleet of replicas under four routers, side by side:
+round-robin, least-loaded, sticky sessions (consistent hashing of the session id) and a cache-aware
+router that scores each replica by the prefix it already holds, less its queued work. Each replica
+has a prefix cache of limited size (the radix tree of `core.radix`, over 512-token blocks) and
+serves its queue first come, first served, one prefill at a time.
+
+The workload is a trace in the Mooncake format (one request per line: `timestamp` in ms,
+`input_length`, `output_length`, `hash_ids` of the prompt's blocks), either generated here from a
+seeded session model or uploaded by the reader. A deterministic discrete-event simulation (a heap
+ordered by time, priority and a counter; no wall clock) replays it under each router.
+Standard library only: this module runs in the browser.
+"""
+from __future__ import annotations
+
+import bisect
+import collections
+import dataclasses
+import functools
+import heapq
+import itertools
+import json
+import math
+import random
+import zlib
+
+from ..core.params import ParamError, Params, integer, number
+from ..core.radix import RadixTree
+from ..core.units import thousands
+
+MAX_TRACE_BYTES = 2_000_000
+MAX_TRACE_REQUESTS = 5_000
+MAX_BLOCKS = 2_000_000             # hash ids over the whole workload, so the browser stays quick
+MAX_FRAMES = 200
+RING_POINTS = 64                   # virtual nodes per replica on the consistent-hashing ring
+SHARED = -1                        # the owner of a block that more than one session uses
+QUEUE_SHOWN = 8                    # queued requests drawn per replica; the rest are counted
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadBalancerParams(Params):
+    replicas: int = integer(4, unit="replicas", min=1, max=16, help="Replicas behind the load balancer")
+    sessions: int = integer(16, unit="sessions", min=1, max=64, help="Conversations (synthetic trace)")
+    turns: int = integer(4, unit="turns", min=1, max=30,
+                         help="Turns per session on average; requests = sessions × turns (synthetic trace)")
+    system_prompt: int = integer(1_536, unit="tokens", min=0, max=32_768,
+                                 help="Shared system prompt at the start of every prompt (synthetic trace)")
+    message: int = integer(512, unit="tokens", min=1, max=16_384, help="Each user message (synthetic trace)")
+    answer: int = integer(512, unit="tokens", min=0, max=16_384,
+                          help="Each answer, which the next turn's prompt repeats (synthetic trace)")
+    arrival_rate: float = number(12.0, unit="requests/s", min=0.01, max=1_000,
+                                 help="Mean arrival rate, Poisson (synthetic trace)")
+    skew: float = number(1.0, unit="Zipf exponent", min=0, max=3,
+                         help="How unevenly turns fall on sessions: 0 even, 1 the first session gets most")
+    capacity: int = integer(16_384, unit="tokens", min=1, max=10_000_000, help="Prefix cache per replica")
+    prefill_rate: int = integer(10_000, unit="tokens/s", min=1, max=10_000_000,
+                                help="Prefill throughput of one replica")
+    load_weight: float = number(2.0, unit="tokens/token", min=0, max=100,
+                                help="Cache-aware router: how much a token of queued work weighs against "
+                                     "a token of cached prefix")
+    block_size: int = integer(512, unit="tokens", min=1, max=4_096,
+                              help="Tokens per hash id (Mooncake's released traces use 512)")
+    seed: int = integer(0, unit="seed", min=0, max=10_000, help="Seed for arrivals and the order of turns")
+    # An uploaded trace: data, not a parameter (no control, not in the URL). Empty: the synthetic trace.
+    trace: str = dataclasses.field(default="", repr=False, metadata={})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.capacity < self.block_size:
+            raise ParamError("capacity", f"capacity must hold at least one block of {self.block_size:,} tokens; "
+                                         f"got {self.capacity:,}.")
+        if self.trace:
+            parse_trace(self.trace, self.block_size)
+            return
+        blocks = sum(math.ceil(self._prompt(t) / self.block_size) for t in range(self._longest()))
+        if self.sessions * self.turns > MAX_TRACE_REQUESTS or blocks * self.sessions > MAX_BLOCKS:
+            raise ParamError("turns", f"sessions × turns × prompt blocks must stay under {MAX_BLOCKS:,} so the "
+                                      f"browser can simulate it; this workload has up to {blocks * self.sessions:,}.")
+
+    def _prompt(self, turn: int) -> int:
+        return self.system_prompt + turn * (self.message + self.answer) + self.message
+
+    def _longest(self) -> int:
+        return max(session_turns(self.sessions, self.turns, self.skew))
+
+
+# ---- the workload: a Mooncake-format trace --------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Request:
+    index: int            # arrival order
+    arrival: float        # s
+    input_length: int     # prompt tokens
+    output_length: int    # not simulated: decode is left out
+    blocks: tuple         # the prompt's hash ids, one per block
+    session: int
+    turn: int             # 0-based, within its session
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    requests: tuple
+    owners: dict          # hash id -> session, or SHARED
+    uploaded: bool
+    sessions_given: bool  # sessions came from the trace's session_id (else inferred from the hash ids)
+
+
+def session_turns(sessions: int, turns: int, skew: float) -> list[int]:
+    """Turns per session: sessions × turns in all, each session at least one, the rest split in
+    proportion to 1/(rank)^skew (Zipf) by largest remainder. Session 0 is the hottest."""
+    total, weights = sessions * turns, [1 / (i + 1) ** skew for i in range(sessions)]
+    spare, w = total - sessions, sum(weights)
+    shares = [spare * x / w for x in weights]
+    out = [1 + int(s) for s in shares]
+    left = total - sum(out)
+    for i in sorted(range(sessions), key=lambda i: (-(shares[i] - int(shares[i])), i))[:left]:
+        out[i] += 1
+    return out
+
+
+def _segments(p: LoadBalancerParams, session: int, turn: int) -> list[tuple]:
+    """The prompt as runs of distinct tokens: system prompt, the history, the new message."""
+    segs = [("system", 0, p.system_prompt)] if p.system_prompt else []
+    for t in range(turn):
+        segs.append(("message", session, t, p.message))
+        if p.answer:
+            segs.append(("answer", session, t, p.answer))
+    segs.append(("message", session, turn, p.message))
+    return segs
+
+
+def _hash_ids(segments: list[tuple], block_size: int, ids: dict) -> list[int]:
+    """Mooncake-style hash ids: a block's id depends on its tokens and on every block before it
+    (chained), and each new block gets the next integer."""
+    out, block, room, prev = [], [], block_size, -1
+    for seg in segments:
+        key, n, at = seg[:-1], seg[-1], 0
+        while at < n:
+            take = min(room, n - at)
+            block.append((key, at, at + take))
+            at, room = at + take, room - take
+            if room == 0:
+                prev = ids.setdefault((prev, tuple(block)), len(ids))
+                out.append(prev)
+                block, room = [], block_size
+    if block:
+        out.append(ids.setdefault((prev, tuple(block)), len(ids)))
+    return out
+
+
+def synthetic_records(p: LoadBalancerParams) -> list[dict]:
+    """The default trace: sessions × turns requests, Poisson arrivals, turns shuffled over time."""
+    rng = random.Random(p.seed)
+    order = [s for s, n in enumerate(session_turns(p.sessions, p.turns, p.skew)) for _ in range(n)]
+    rng.shuffle(order)
+    t, seen, ids, out = 0.0, collections.Counter(), {}, []
+    for s in order:
+        t += rng.expovariate(p.arrival_rate)
+        turn = seen[s]
+        seen[s] += 1
+        segs = _segments(p, s, turn)
+        out.append({"timestamp": round(t * 1000), "input_length": sum(x[-1] for x in segs),
+                    "output_length": p.answer, "hash_ids": _hash_ids(segs, p.block_size, ids), "session_id": s})
+    return out
+
+
+def to_jsonl(records: list[dict]) -> str:
+    return "".join(json.dumps(r, separators=(", ", ": ")) + "\n" for r in records)
+
+
+def _field_error(line: int, message: str) -> ParamError:
+    return ParamError("trace", f"The trace's line {line:,}: {message}")
+
+
+def _whole(value, line: int, field: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value != int(value) or value < low:
+        raise _field_error(line, f"{field} must be a whole number ≥ {low}; got {json.dumps(value)}.")
+    return int(value)
+
+
+@functools.lru_cache(maxsize=4)
+def parse_trace(text: str, block_size: int) -> tuple[dict, ...]:
+    """Parse and check a Mooncake trace; a bad line raises ParamError naming its line and field."""
+    size = len(text.encode("utf-8"))
+    if size > MAX_TRACE_BYTES:
+        raise ParamError("trace", f"The trace must be at most {MAX_TRACE_BYTES:,} bytes; this one has {size:,}.")
+    out, blocks = [], 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        if len(out) == MAX_TRACE_REQUESTS:
+            raise ParamError("trace", f"The trace may hold at most {MAX_TRACE_REQUESTS:,} requests; line "
+                                      f"{number:,} is one more. Keep its first lines (head -n {MAX_TRACE_REQUESTS}).")
+        try:
+            row = json.loads(raw)
+        except ValueError as err:
+            raise _field_error(number, f"is not JSON ({err.msg}).") from None
+        if not isinstance(row, dict):
+            raise _field_error(number, "must be a JSON object with timestamp, input_length, output_length "
+                                       "and hash_ids.")
+        for field in ("timestamp", "input_length", "output_length", "hash_ids"):
+            if field not in row:
+                raise _field_error(number, f"{field} is missing.")
+        ts = row["timestamp"]
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
+            raise _field_error(number, f"timestamp must be a number of milliseconds ≥ 0; got {json.dumps(ts)}.")
+        n_in = _whole(row["input_length"], number, "input_length", 1)
+        n_out = _whole(row["output_length"], number, "output_length", 0)
+        ids = row["hash_ids"]
+        if not isinstance(ids, list) or not ids:
+            raise _field_error(number, f"hash_ids must be a non-empty list of block ids; got {json.dumps(ids)[:60]}.")
+        for x in ids:
+            _whole(x, number, "hash_ids", 0)
+        lo, hi = n_in // block_size, -(-n_in // block_size)
+        if not lo <= len(ids) <= hi:
+            raise _field_error(number, f"hash_ids has {len(ids):,} blocks, but input_length {n_in:,} at "
+                                       f"{block_size:,} tokens per block needs {hi:,}"
+                                       + (f" (or {lo:,})" if lo != hi and lo else "")
+                                       + "; set block_size to the trace's block size.")
+        session = row.get("session_id")
+        if session is not None and (isinstance(session, bool) or not isinstance(session, (int, str))):
+            raise _field_error(number, f"session_id must be a string or a whole number; got {json.dumps(session)}.")
+        blocks += len(ids)
+        if blocks > MAX_BLOCKS:
+            raise _field_error(number, f"the trace holds more than {MAX_BLOCKS:,} hash ids in all; cut it shorter.")
+        out.append({"timestamp": float(ts), "input_length": n_in, "output_length": n_out,
+                    "hash_ids": tuple(int(x) for x in ids), "session_id": session, "line": number})
+    if not out:
+        raise ParamError("trace", "The trace holds no requests: give one JSON object per line.")
+    return tuple(out)
+
+
+def _requests(records, block_size: int) -> tuple[tuple[Request, ...], dict, bool]:
+    """Requests in arrival order (stable for equal timestamps); sessions from session_id if every
+    line has one, else inferred: a request continues the session of the latest earlier prompt whose
+    last full block it contains, unless that block is a branch point of the trace (followed by
+    different blocks in different prompts, as a shared system prompt is)."""
+    rows = sorted(records, key=lambda r: r["timestamp"])
+    following = collections.defaultdict(set)      # block -> the full blocks that follow it anywhere
+    for r in rows:
+        ids = r["hash_ids"][: r["input_length"] // block_size]
+        for a, b in zip(ids, ids[1:]):
+            following[a].add(b)
+    given = all(r.get("session_id") is not None for r in rows)
+    numbered = given and all(isinstance(r["session_id"], int) and 0 <= r["session_id"] < 1_000_000 for r in rows)
+    names, ends, turns, out = {}, {}, collections.Counter(), []
+    for i, r in enumerate(rows):
+        ids = tuple(r["hash_ids"])
+        if numbered:                     # whole-number session ids are kept, so session 0 stays session 0
+            session = r["session_id"]
+        elif given:
+            session = names.setdefault(r["session_id"], len(names))
+        else:
+            session = next((ends[b] for b in reversed(ids) if b in ends), None)
+            if session is None:
+                session = len(names)
+                names[("inferred", i)] = session
+            full = min(len(ids), r["input_length"] // block_size)
+            if full and len(following[ids[full - 1]]) <= 1:
+                ends[ids[full - 1]] = session
+        out.append(Request(i, r["timestamp"] / 1000, r["input_length"], r["output_length"], ids, session,
+                           turns[session]))
+        turns[session] += 1
+    owners: dict[int, int] = {}
+    for q in out:
+        for b in q.blocks:
+            if owners.setdefault(b, q.session) != q.session:
+                owners[b] = SHARED
+    return tuple(out), owners, given
+
+
+@functools.lru_cache(maxsize=8)
+def workload(p: LoadBalancerParams) -> Workload:
+    if p.trace:
+        reqs, owners, given = _requests(parse_trace(p.trace, p.block_size), p.block_size)
+        return Workload(reqs, owners, True, given)
+    records = [dict(r, hash_ids=tuple(r["hash_ids"])) for r in synthetic_records(p)]
+    reqs, owners, given = _requests(records, p.block_size)
+    return Workload(reqs, owners, False, given)
+
+
+# ---- the fleet -----------------------------------------------------------------------------------------
+@dataclasses.dataclass(eq=False)
+class Job:
+    request: Request
+    estimate: int               # uncached tokens the router expected on this replica
+    start: float = 0.0
+    end: float = 0.0
+    matched: int = 0            # tokens found in the replica's cache when the prefill started
+    blocks: int = 0             # ... and the blocks they fill
+    path: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(eq=False)
+class Replica:
+    index: int
+    tree: RadixTree
+    waiting: collections.deque = dataclasses.field(default_factory=collections.deque)
+    running: Job | None = None
+    routed: int = 0
+    busy: float = 0.0           # seconds of prefill served
+    queued: int = 0             # tokens of prefill waiting (the routers' estimates)
+    promised: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # block ids sent here
+    tally: dict = dataclasses.field(default_factory=dict)   # owner (session or SHARED) -> blocks cached
+
+    def send(self, job: "Job", sign: int) -> None:
+        """Count a routed prompt's blocks as on their way into this cache (sign +1), or done (−1)."""
+        for b in job.request.blocks:
+            self.promised[b] += sign
+
+    def load(self, now: float, rate: float) -> float:
+        """Tokens of prefill still to do here: the waiting prompts' uncached parts and the rest of the
+        running one."""
+        return self.queued + (max(0.0, self.running.end - now) * rate if self.running else 0.0)
+
+    def expected_blocks(self, blocks: tuple) -> int:
+        """Blocks of this prompt the replica holds or will hold once its queue is served: the longest
+        prefix found in its cache, or made of block ids of prompts already sent here (as SGLang's router
+        counts a prompt as soon as it routes it; hash ids are chained, so an id stands for its prefix)."""
+        n = 0
+        while n < len(blocks) and self.promised[blocks[n]] > 0:
+            n += 1
+        return max(self.tree.peek(blocks), n)
+
+
+def cached_tokens(blocks: int, request: Request, block_size: int) -> int:
+    return min(blocks * block_size, request.input_length)
+
+
+# ---- the routers: one small class each, over one base -------------------------------------------------
+class Router:
+    """Picks the replica for a request, given the fleet as it is at that moment."""
+    key = ""
+    name = ""
+
+    def choose(self, req: Request, fleet: list[Replica], now: float, p: LoadBalancerParams, count: int) -> int:
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+    def __eq__(self, other):
+        return type(self) is type(other)
+
+    def __hash__(self):
+        return hash(self.key)
+
+
+class RoundRobin(Router):
+    """Request n goes to replica n mod replicas."""
+    key, name = "round_robin", "round-robin"
+
+    def choose(self, req, fleet, now, p, count):
+        return count % len(fleet)
+
+
+class LeastLoaded(Router):
+    """The replica with the least prefill work queued (ties: fewest requests so far, then lowest number)."""
+    key, name = "least_loaded", "least-loaded"
+
+    def choose(self, req, fleet, now, p, count):
+        return min(fleet, key=lambda r: (r.load(now, p.prefill_rate), r.routed, r.index)).index
+
+
+@functools.lru_cache(maxsize=16)
+def ring(replicas: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Consistent hashing: 64 points per replica on a 32-bit ring, at crc32("replica i point v")."""
+    points = sorted((zlib.crc32(f"replica {i} point {v}".encode()), i)
+                    for i in range(replicas) for v in range(RING_POINTS))
+    return tuple(h for h, _ in points), tuple(i for _, i in points)
+
+
+def sticky_replica(session: int, replicas: int) -> int:
+    hashes, owners = ring(replicas)
+    at = bisect.bisect_left(hashes, zlib.crc32(f"session {session}".encode()))
+    return owners[at % len(owners)]
+
+
+class Sticky(Router):
+    """Consistent hashing: crc32 of the session id picks the next of 64 points per replica on a ring, so a
+    session always lands on the same replica (Python's hash() is salted per process, so it is not used)."""
+    key, name = "sticky", "sticky"
+
+    def choose(self, req, fleet, now, p, count):
+        return sticky_replica(req.session, len(fleet))
+
+
+def cache_aware_scores(req: Request, fleet: list[Replica], now: float, p: LoadBalancerParams) -> list[tuple]:
+    """(score, cached tokens, queued tokens) per replica: score = cached − load_weight × queued."""
+    out = []
+    for r in fleet:
+        cached = cached_tokens(r.expected_blocks(req.blocks), req, p.block_size)
+        queued = r.load(now, p.prefill_rate)
+        out.append((cached - p.load_weight * queued, cached, queued))
+    return out
+
+
+class CacheAware(Router):
+    """The replica with the highest score = cached prefix − load weight × queued work, both in tokens
+    (ties: less queued, fewer requests so far, lowest number)."""
+    key, name = "cache_aware", "cache-aware"
+
+    def choose(self, req, fleet, now, p, count):
+        scores = cache_aware_scores(req, fleet, now, p)
+        return max(fleet, key=lambda r: (scores[r.index][0], -scores[r.index][2], -r.routed, -r.index)).index
+
+
+ROUTERS: tuple[Router, ...] = (RoundRobin(), LeastLoaded(), Sticky(), CacheAware())
+BY_KEY = {r.key: r for r in ROUTERS}
+
+
+# ---- the discrete-event simulation ------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Served:
+    request: int
+    replica: int
+    arrival: float
+    start: float
+    end: float          # = time of first token
+    matched: int        # prompt tokens found in the replica's cache
+    computed: int       # prompt tokens prefilled
+    blocks: int = 0     # blocks of the prompt found in the replica's cache
+
+    @property
+    def wait(self) -> float:
+        return self.start - self.arrival
+
+    @property
+    def ttft(self) -> float:
+        return self.end - self.arrival
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """One replica when a request has just been routed."""
+    cache: tuple        # (owner, blocks) pairs: what its prefix cache holds, by session (SHARED first)
+    running: tuple      # request indices being prefilled (0 or 1)
+    waiting: tuple      # request indices at the head of the queue (at most QUEUE_SHOWN), first to last
+    queued: int         # requests waiting in all
+    load: float         # tokens of prefill queued
+    size: int           # blocks cached
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    router: str
+    served: tuple                # Served, by request index
+    events: tuple                # (time, kind, request, replica, blocks cached there): every event, in order
+    busy: tuple                  # seconds of prefill per replica
+    queue_at_arrival: tuple      # the longest queue (waiting + running) in the fleet right after each arrival
+    snapshots: dict              # request index -> tuple of Snapshot, one per replica
+    peak_blocks: tuple           # the most blocks each replica's cache ever held
+    evicted_blocks: tuple        # blocks each replica's cache evicted to make room
+    scores: dict                 # request index -> the cache-aware scores (score, cached, queued) before routing
+
+
+def _snapshot(fleet: list[Replica], now: float, rate: float) -> tuple:
+    return tuple(Snapshot(tuple(sorted((o, n) for o, n in r.tally.items() if n)),
+                          (r.running.request.index,) if r.running else (),
+                          tuple(j.request.index for j in itertools.islice(r.waiting, QUEUE_SHOWN)),
+                          len(r.waiting), r.load(now, rate), r.tree.size)
+                 for r in fleet)
+
+
+def _count(tally: dict, owners: dict, sign: int, blocks) -> None:
+    for b in blocks:
+        o = owners.get(b, SHARED)
+        tally[o] = tally.get(o, 0) + sign
+
+
+def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = frozenset()) -> Run:
+    """Replay the workload under one router. Events: arrivals (priority 1) and prefill ends
+    (priority 0, so a replica that frees up at the moment a request arrives is seen as free)."""
+    w = workload(p)
+    fleet = [Replica(i, RadixTree(p.capacity // p.block_size)) for i in range(p.replicas)]
+    for r in fleet:                                   # keep each cache's blocks by owner as they come and go
+        r.tree.on_evict = lambda victim, tally=r.tally: _count(tally, w.owners, -1, victim.tokens)
+    heap, counter = [], itertools.count()
+    for q in w.requests:
+        heapq.heappush(heap, (q.arrival, 1, next(counter), q.index))
+    served, events, queues, snaps, scores = [None] * len(w.requests), [], [], {}, {}
+    peak = [0] * p.replicas
+
+    def start(r: Replica, now: float) -> None:
+        job = r.waiting.popleft()
+        r.queued -= job.estimate
+        job.blocks, job.path = r.tree.match(job.request.blocks)
+        r.tree.lock(job.path, +1)
+        job.matched = cached_tokens(job.blocks, job.request, p.block_size)
+        job.start, job.end = now, now + (job.request.input_length - job.matched) / p.prefill_rate
+        r.running = job
+        events.append((now, "start", job.request.index, r.index, r.tree.size))
+        heapq.heappush(heap, (job.end, 0, next(counter), r.index))
+
+    while heap:
+        now, kind, _, x = heapq.heappop(heap)
+        if kind == 0:                                   # replica x finished a prefill
+            r = fleet[x]
+            job, r.running = r.running, None
+            held = r.tree.peek(job.request.blocks)
+            stored = r.tree.insert(job.request.blocks)
+            _count(r.tally, w.owners, +1, job.request.blocks[held:held + stored])
+            r.tree.lock(job.path, -1)
+            r.send(job, -1)
+            peak[x] = max(peak[x], r.tree.size)
+            r.busy += job.end - job.start
+            q = job.request
+            served[q.index] = Served(q.index, x, q.arrival, job.start, job.end, job.matched,
+                                     q.input_length - job.matched, job.blocks)
+            events.append((now, "end", q.index, x, r.tree.size))
+            if r.waiting:
+                start(r, now)
+            continue
+        q = w.requests[x]
+        if x in snapshot_at:
+            scores[x] = tuple(cache_aware_scores(q, fleet, now, p))
+        r = fleet[router.choose(q, fleet, now, p, x)]
+        r.routed += 1
+        estimate = q.input_length - cached_tokens(r.expected_blocks(q.blocks), q, p.block_size)
+        job = Job(q, estimate)
+        r.waiting.append(job)
+        r.send(job, +1)
+        r.queued += estimate
+        events.append((now, "arrive", x, r.index, r.tree.size))
+        if r.running is None:
+            start(r, now)
+        queues.append(max(len(f.waiting) + (f.running is not None) for f in fleet))
+        if x in snapshot_at:
+            snaps[x] = _snapshot(fleet, now, p.prefill_rate)
+    return Run(router.key, tuple(served), tuple(events), tuple(f.busy for f in fleet), tuple(queues), snaps,
+               tuple(peak), tuple(f.tree.evicted for f in fleet), scores)
+
+
+def frame_requests(n: int) -> list[int]:
+    """The requests the animation stops at: every arrival, or MAX_FRAMES of them evenly spread."""
+    frames = min(n, MAX_FRAMES)
+    if frames <= 1:
+        return [0] * frames
+    return [round(f * (n - 1) / (frames - 1)) for f in range(frames)]
+
+
+@functools.lru_cache(maxsize=32)
+def run(p: LoadBalancerParams, router_key: str) -> Run:
+    return simulate(p, BY_KEY[router_key], frozenset(frame_requests(len(workload(p).requests))))
+
+
+# ---- the numbers -----------------------------------------------------------------------------------------
+def percentile(values, q: float) -> float:
+    """Nearest rank: the smallest value with at least q of the values at or below it."""
+    s = sorted(values)
+    return s[max(0, math.ceil(q * len(s)) - 1)]
+
+
+def imbalance(busy) -> float:
+    mean = sum(busy) / len(busy)
+    return max(busy) / mean if mean else 1.0
+
+
+def summary(p: LoadBalancerParams, router_key: str) -> dict:
+    r = run(p, router_key)
+    asked = sum(s.matched + s.computed for s in r.served)
+    matched = sum(s.matched for s in r.served)
+    ttft = [s.ttft for s in r.served]
+    return {"hit_rate": matched / asked, "tokens_matched": matched, "tokens_requested": asked,
+            "ttft_p50_s": percentile(ttft, 0.5), "ttft_p99_s": percentile(ttft, 0.99),
+            "ttft_mean_s": sum(ttft) / len(ttft), "imbalance": imbalance(r.busy), "busy_s": list(r.busy),
+            "evicted_tokens": sum(r.evicted_blocks) * p.block_size}
+
+
+@functools.lru_cache(maxsize=8)
+def evaluate(p: LoadBalancerParams) -> dict:
+    w = workload(p)
+    out = {"trace": "uploaded" if w.uploaded else "synthetic", "requests": len(w.requests),
+           "sessions": len({q.session for q in w.requests}),
+           "tokens_requested": sum(q.input_length for q in w.requests)}
+    for router in ROUTERS:
+        s = summary(p, router.key)
+        for k in ("hit_rate", "ttft_p50_s", "ttft_p99_s", "imbalance", "evicted_tokens"):
+            out[f"{router.key}_{k}"] = s[k]
+        out[f"{router.key}_busy_s"] = s["busy_s"]
+    return out
+
+
+# ---- what the page draws -----------------------------------------------------------------------------
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
+           "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5")
+SHARED_COLOR = "#9ca3af"
+ROUTER_COLORS = {"round_robin": "#6b7280", "least_loaded": "#2563eb", "sticky": "#b45309", "cache_aware": "#059669"}
+
+
+def session_color(session: int) -> str:
+    return SHARED_COLOR if session == SHARED else PALETTE[session % len(PALETTE)]
+
+
+def lane_y(p: LoadBalancerParams, g: int, replica: int) -> float:
+    """Lanes top to bottom: each router's replicas, a gap between routers."""
+    return -(g * (p.replicas + 1) + replica)
+
+
+def frame_data(p: LoadBalancerParams, frame: int) -> dict:
+    """Frame f: every router's replicas the moment request k(f) has arrived and been routed."""
+    w = workload(p)
+    stops = frame_requests(len(w.requests))
+    f = max(0, min(len(stops) - 1, frame))
+    k = stops[f]
+    q = w.requests[k]
+    cap = p.capacity // p.block_size * p.block_size
+    box, gap = 0.05 * cap, 0.012 * cap
+    cache = {c: [] for c in ("x0", "x1", "y", "color", "owner", "tokens")}
+    queue = {c: [] for c in ("x0", "x1", "y", "color", "line", "request", "state")}
+    more = {"x": [], "y": [], "text": []}
+    here = {"x0": [], "x1": [], "y": [], "text": [], "tx": []}
+    parts = []
+    for g, router in enumerate(ROUTERS):
+        r = run(p, router.key)
+        snap = r.snapshots[k]
+        for i, s in enumerate(snap):
+            y, x = lane_y(p, g, i), 0
+            for owner, blocks in s.cache:
+                cache["x0"].append(x)
+                x += blocks * p.block_size
+                cache["x1"].append(x)
+                cache["y"].append(y)
+                cache["color"].append(session_color(owner))
+                cache["owner"].append("shared by sessions" if owner == SHARED else f"session {owner}")
+                cache["tokens"].append(blocks * p.block_size)
+            jobs = [(j, "running") for j in s.running] + [(j, "waiting") for j in s.waiting]
+            for n, (j, state) in enumerate(jobs[:QUEUE_SHOWN]):
+                x0 = cap * 1.04 + n * (box + gap)
+                queue["x0"].append(x0)
+                queue["x1"].append(x0 + box)
+                queue["y"].append(y)
+                queue["color"].append(session_color(w.requests[j].session))
+                queue["request"].append(f"request {j} (session {w.requests[j].session})")
+                queue["state"].append(state)
+                queue["line"].append("#111827" if state == "running" else "#ffffff")
+            total = len(s.running) + s.queued
+            if total > QUEUE_SHOWN:
+                more["x"].append(cap * 1.04 + QUEUE_SHOWN * (box + gap))
+                more["y"].append(y)
+                more["text"].append(f"+{total - QUEUE_SHOWN}")
+        sv = r.served[k]
+        here["x0"].append(-0.02 * cap)
+        here["x1"].append(cap * (1.04 + QUEUE_SHOWN * 0.062) + 0.09 * cap)
+        here["y"].append(lane_y(p, g, sv.replica))
+        here["text"].append(f"request {k}")
+        here["tx"].append(cap * (1.04 + QUEUE_SHOWN * 0.062) + 0.1 * cap)
+        parts.append(f"{router.name} → replica {sv.replica} ({thousands(sv.matched)} cached, waits "
+                     f"{sv.wait:.2f} s, first token after {sv.ttft:.2f} s)")
+    who = f"session {q.session}, turn {q.turn + 1}"
+    return {
+        "sources": {"cache": cache, "queue": queue, "more": more, "here": here,
+                    "cursor": {"request": [k, k], "y": [0, 1]}},
+        "animation": {"mode": "on_demand", "frames": len(stops), "frame": f,
+                      "caption": f"t = {q.arrival:.2f} s: request {k} ({who}, {thousands(q.input_length)} prompt "
+                                 f"tokens) arrives. " + "; ".join(parts) + "."},
+        "texts": {},
+    }
+
+
+def opening_frame(p: LoadBalancerParams) -> int:
+    """Open on the busiest moment for sticky sessions: the arrival after which its longest queue peaks."""
+    stops = frame_requests(len(workload(p).requests))
+    queues = run(p, "sticky").queue_at_arrival
+    return max(range(len(stops)), key=lambda f: (queues[stops[f]], -f))
+
+
+def lanes(p: LoadBalancerParams) -> dict:
+    """The fixed parts of the lanes plot: labels, capacity outlines, router names."""
+    cap = p.capacity // p.block_size * p.block_size
+    out = {"x0": [], "x1": [], "y": [], "label": [], "lx": []}
+    names = {"x": [], "y": [], "text": [], "color": []}
+    headers = {"x": [0, cap * 1.04], "y": [0.75, 0.75],
+               "text": [f"prefix cache: {thousands(cap)} tokens per replica, by session (grey: shared)",
+                        "queue (outlined: prefilling now)"]}
+    for g, router in enumerate(ROUTERS):
+        names["x"].append(-0.29 * cap)
+        names["y"].append(lane_y(p, g, 0) + 0.75)
+        names["text"].append(router.name)
+        names["color"].append(ROUTER_COLORS[router.key])
+        for i in range(p.replicas):
+            out["x0"].append(0)
+            out["x1"].append(cap)
+            out["y"].append(lane_y(p, g, i))
+            out["label"].append(f"replica {i}")
+            out["lx"].append(-0.04 * cap)
+    return {"lanes": out, "router_names": names, "headers": headers}
+
+
+def page_data(p: LoadBalancerParams) -> dict:
+    w = workload(p)
+    n = len(w.requests)
+    sums = {r.key: summary(p, r.key) for r in ROUTERS}
+    running = {"request": list(range(n))}
+    ecdf, pcts, busy = {"ttft": [], "share": [], "router": [], "color": []}, \
+        {"ttft": [], "share": [], "router": [], "color": [], "label": []}, \
+        {"router": [], "busy": [], "replica": [], "color": []}
+    mean = {"router": [], "mean": [], "max": [], "color": [], "label": []}
+    for router in ROUTERS:
+        r, s = run(p, router.key), sums[router.key]
+        m = a = 0
+        col = []
+        for sv in r.served:
+            m, a = m + sv.matched, a + sv.matched + sv.computed
+            col.append(m / a)
+        running[router.key] = col
+        ttft = sorted(sv.ttft for sv in r.served)
+        for i, t in enumerate(ttft):
+            ecdf["ttft"] += [t, t]
+            ecdf["share"] += [i / n, (i + 1) / n]
+            ecdf["router"] += [router.key] * 2
+            ecdf["color"] += [ROUTER_COLORS[router.key]] * 2
+        for qq, label in ((0.5, "p50"), (0.99, "p99")):
+            pcts["ttft"].append(percentile(ttft, qq))
+            pcts["share"].append(qq)
+            pcts["router"].append(router.name)
+            pcts["color"].append(ROUTER_COLORS[router.key])
+            pcts["label"].append(f"{label} {percentile(ttft, qq):.2f} s")
+        for i, b in enumerate(r.busy):
+            busy["router"].append(router.name)
+            busy["busy"].append(b)
+            busy["replica"].append(f"replica {i}")
+            busy["color"].append(ROUTER_COLORS[router.key])
+        mean["router"].append(router.name)
+        mean["mean"].append(sum(r.busy) / len(r.busy))
+        mean["max"].append(max(r.busy))
+        mean["color"].append(ROUTER_COLORS[router.key])
+        mean["label"].append(f"imbalance {imbalance(r.busy):.2f}")
+    ecdf_lines = {key: {"ttft": [t for t, k in zip(ecdf["ttft"], ecdf["router"]) if k == key],
+                        "share": [s for s, k in zip(ecdf["share"], ecdf["router"]) if k == key]}
+                  for key in BY_KEY}
+    at = frame_data(p, opening_frame(p))
+    cap = p.capacity // p.block_size * p.block_size
+    lanes_src = lanes(p)
+    top = 1.3
+    bottom = lane_y(p, len(ROUTERS) - 1, p.replicas - 1) - 0.8
+    longest = max(max(sums[k]["ttft_p99_s"] for k in BY_KEY), 1e-9)
+    return {
+        **at,
+        "sources": {**at["sources"], **lanes_src, "running": running, "percentiles": pcts,
+                    **{f"ecdf_{k}": v for k, v in ecdf_lines.items()}, "busy": busy, "busy_mean": mean},
+        "ranges": {"lanes_x": [-0.3 * cap, cap * (1.04 + QUEUE_SHOWN * 0.062) + 0.42 * cap],
+                   "lanes_y": [bottom, top], "running_x": [-0.5, n - 0.5], "ttft_x": [0, 1.08 * longest],
+                   "busy_y": [0, 1.18 * max(max(mean["max"]), 1e-9)]},
+        "formula": formula(p, sums),
+        "readouts": readouts(p, sums),
+        "notes": [],
+        "texts": {"trace": trace_note(p)},
+    }
+
+
+def trace_note(p: LoadBalancerParams) -> str:
+    w = workload(p)
+    n, s = len(w.requests), len({q.session for q in w.requests})
+    span = w.requests[-1].arrival - w.requests[0].arrival
+    if w.uploaded:
+        how = "from its session_id field" if w.sessions_given else "inferred from the hash ids"
+        return (f"Replaying the uploaded trace: {n:,} requests over {span:,.1f} s, {s:,} sessions ({how}). "
+                f"Sessions, turns, system prompt, message, answer, arrival rate, skew and seed do not apply to it, "
+                f"and a link reproduces only the synthetic trace.")
+    return (f"Replaying the synthetic trace: {n:,} requests from {s:,} sessions over {span:,.1f} s, "
+            f"in the Mooncake format. Upload your own above.")
+
+
+def _p99_request(p: LoadBalancerParams, key: str) -> Served:
+    served = run(p, key).served
+    ttft = [s.ttft for s in served]
+    cut = percentile(ttft, 0.99)
+    return min((s for s in served if s.ttft == cut), key=lambda s: s.request)
+
+
+def formula(p: LoadBalancerParams, sums: dict) -> list[dict]:
+    w = workload(p)
+    lines = []
+    if not w.uploaded:
+        lines.append({"name": "Prompt of turn t", "formula": "system prompt + t × (message + answer) + message",
+                      "substituted": f"{thousands(p.system_prompt)} + t × ({thousands(p.message)} + "
+                                     f"{thousands(p.answer)}) + {thousands(p.message)}",
+                      "result": ", ".join(thousands(p._prompt(t)) for t in range(min(4, p._longest())))
+                                + (" … tokens" if p._longest() > 4 else " tokens")})
+    k = frame_requests(len(w.requests))[opening_frame(p)]
+    sv = run(p, "cache_aware").served[k]
+    lines.append({"name": f"Cached part, request {k} (cache-aware)",
+                  "formula": "min(blocks found in the replica's radix tree × block size, prompt)",
+                  "substituted": f"min({sv.blocks} × {thousands(p.block_size)}, {thousands(w.requests[k].input_length)})",
+                  "result": f"{thousands(sv.matched)} tokens"})
+    for router in ROUTERS:
+        s = _p99_request(p, router.key)
+        q = w.requests[s.request]
+        lines.append({"name": f"Time to first token, {router.name} (its p99: request {s.request})",
+                      "formula": "queue wait + (prompt − cached) ÷ prefill rate",
+                      "substituted": f"{s.wait:.3f} s + ({thousands(q.input_length)} − {thousands(s.matched)}) ÷ "
+                                     f"{thousands(p.prefill_rate)} tokens/s",
+                      "result": f"{s.ttft:.3f} s"})
+    lines.append({"name": "Hit rate", "formula": "Σ cached tokens ÷ Σ prompt tokens",
+                  "substituted": "; ".join(f"{r.name} {thousands(sums[r.key]['tokens_matched'])} ÷ "
+                                           f"{thousands(sums[r.key]['tokens_requested'])}" for r in ROUTERS),
+                  "result": ", ".join(f"{sums[r.key]['hit_rate']:.1%}" for r in ROUTERS)})
+    lines.append({"name": "Load imbalance", "formula": "busiest replica's prefill seconds ÷ the mean over replicas",
+                  "substituted": "; ".join(f"{r.name} {max(sums[r.key]['busy_s']):.2f} ÷ "
+                                           f"{sum(sums[r.key]['busy_s']) / p.replicas:.2f}" for r in ROUTERS),
+                  "result": ", ".join(f"{sums[r.key]['imbalance']:.2f}" for r in ROUTERS)})
+    lines.append(score_line(p))
+    return lines
+
+
+def score_line(p: LoadBalancerParams) -> dict:
+    """The cache-aware router's scores for the request the animation opens on, replica by replica."""
+    k = frame_requests(len(workload(p).requests))[opening_frame(p)]
+    scores = run(p, "cache_aware").scores[k]
+    best = run(p, "cache_aware").served[k].replica
+    return {"name": f"Cache-aware score, request {k}",
+            "formula": "cached − load weight × queued  (tokens; the highest wins)",
+            "substituted": "; ".join(f"replica {i}: {thousands(c)} − {p.load_weight:g} × {thousands(ld)}"
+                                     for i, (_, c, ld) in enumerate(scores)),
+            "result": ", ".join(f"{sc:,.0f}" for sc, _, _ in scores) + f" → replica {best}"}
+
+
+def readouts(p: LoadBalancerParams, sums: dict) -> list[dict]:
+    return [{"label": router.name, "value": f"{sums[router.key]['hit_rate']:.0%} hits",
+             "detail": f"first token p50 {sums[router.key]['ttft_p50_s']:.2f} s, p99 "
+                       f"{sums[router.key]['ttft_p99_s']:.2f} s; imbalance {sums[router.key]['imbalance']:.2f}"}
+            for router in ROUTERS]

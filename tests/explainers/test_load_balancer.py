@@ -1,0 +1,342 @@
+"""load-balancer: exact event traces by hand, simulation invariants, Mooncake parsing, and the page's figures."""
+from __future__ import annotations
+
+import collections
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kvx.explainers.core.params import ParamError
+from kvx.explainers.load_balancer.model import (BY_KEY, MAX_TRACE_REQUESTS, ROUTERS, SHARED, LoadBalancerParams as P,
+                                                 evaluate, frame_data, frame_requests, page_data, parse_trace,
+                                                 percentile, ring, run, session_turns, simulate, sticky_replica,
+                                                 synthetic_records, to_jsonl, workload)
+from kvx.explainers.registry import page_json
+
+FOLDER = Path(__file__).parents[2] / "explainers" / "load_balancer"
+PAGE = (FOLDER / "page.md").read_text()
+SAMPLE = FOLDER / "sample_trace.jsonl"
+# The shipped sample: the synthetic trace of these settings, without its session ids.
+SAMPLE_PARAMS = dict(sessions=12, turns=3, skew=0.8, seed=7, arrival_rate=8.0, system_prompt=1024, message=512,
+                     answer=512)
+
+
+def line(ts, n_in, ids, session=None, n_out=10) -> str:
+    row = {"timestamp": ts, "input_length": n_in, "output_length": n_out, "hash_ids": ids}
+    if session is not None:
+        row["session_id"] = session
+    return json.dumps(row)
+
+
+# Two sessions of two turns on two replicas, 100-token blocks prefilled at 100 tokens/s (1 s a block).
+# Block 0 is the shared system prompt. Session 1's second turn arrives before session 0's.
+TINY = "\n".join([line(0, 300, [0, 1, 2], 0), line(100, 300, [0, 3, 4], 1),
+                  line(2000, 500, [0, 3, 4, 7, 8], 1), line(2100, 500, [0, 1, 2, 5, 6], 0)])
+TINY_P = P(trace=TINY, replicas=2, block_size=100, capacity=1_000, prefill_rate=100)
+
+
+def trace_of(r):
+    """(arrival s, request, replica, tokens found in the cache) for every request."""
+    return [(round(s.arrival, 6), s.request, s.replica, s.matched) for s in r.served]
+
+
+def test_tiny_event_traces_by_hand():
+    # Round-robin alternates, so each second turn lands where the *other* session's history is: only the
+    # system block (100 tokens) is found. Both second turns wait for the first turns to finish (3.0 s, 3.1 s).
+    assert trace_of(run(TINY_P, "round_robin")) == [(0.0, 0, 0, 0), (0.1, 1, 1, 0), (2.0, 2, 0, 100), (2.1, 3, 1, 100)]
+    # Least-loaded: at 2.0 s replica 0 has 100 tokens left to prefill and replica 1 has 110, so the same split.
+    assert trace_of(run(TINY_P, "least_loaded")) == trace_of(run(TINY_P, "round_robin"))
+    # crc32 puts both sessions on replica 1: every turn queues behind the others there.
+    assert sticky_replica(0, 2) == sticky_replica(1, 2) == 1
+    assert trace_of(run(TINY_P, "sticky")) == [(0.0, 0, 1, 0), (0.1, 1, 1, 100), (2.0, 2, 1, 300), (2.1, 3, 1, 300)]
+    # Cache-aware (load weight 2): at 2.0 s replica 1 scores 300 − 2 × 110 = 80 against 100 − 2 × 100 = −100;
+    # at 2.1 s replica 0 scores 300 − 2 × 90 = 120 against 100 − 2 × 300 = −500.
+    assert trace_of(run(TINY_P, "cache_aware")) == [(0.0, 0, 0, 0), (0.1, 1, 1, 0), (2.0, 2, 1, 300), (2.1, 3, 0, 300)]
+
+
+def test_tiny_times_hit_rates_and_imbalance_by_hand():
+    sticky = run(TINY_P, "sticky")
+    assert [round(s.start, 6) for s in sticky.served] == [0.0, 3.0, 5.0, 7.0]
+    assert [round(s.ttft, 6) for s in sticky.served] == [3.0, 4.9, 5.0, 6.9]
+    assert [round(b, 6) for b in sticky.busy] == [0.0, 9.0]
+    aware = run(TINY_P, "cache_aware")
+    assert [round(s.end, 6) for s in aware.served] == [3.0, 3.1, 5.1, 5.0]
+    r = evaluate(TINY_P)
+    assert (r["round_robin_hit_rate"], r["sticky_hit_rate"], r["cache_aware_hit_rate"]) == (200 / 1600, 700 / 1600,
+                                                                                            600 / 1600)
+    assert r["sticky_imbalance"] == 2.0                    # one replica did everything: 9 ÷ 4.5
+    assert round(r["cache_aware_imbalance"], 6) == 1.0     # 5 s each
+    assert round(r["sticky_ttft_p99_s"], 6) == 6.9 and round(r["cache_aware_ttft_p99_s"], 6) == 3.1
+
+
+def test_tiny_events_in_order():
+    events = run(TINY_P, "cache_aware").events
+    assert [(round(t, 6), kind, k, rep) for t, kind, k, rep, _ in events] == [
+        (0.0, "arrive", 0, 0), (0.0, "start", 0, 0), (0.1, "arrive", 1, 1), (0.1, "start", 1, 1),
+        (2.0, "arrive", 2, 1), (2.1, "arrive", 3, 0), (3.0, "end", 0, 0), (3.0, "start", 3, 0),
+        (3.1, "end", 1, 1), (3.1, "start", 2, 1), (5.0, "end", 3, 0), (5.1, "end", 2, 1)]
+
+
+def test_the_defaults_numbers():
+    r = evaluate(P())
+    assert (r["requests"], r["sessions"], r["tokens_requested"]) == (64, 16, 318_464)
+    got = {k: tuple(round(r[f"{k}_{m}"], 4) for m in ("hit_rate", "ttft_p50_s", "ttft_p99_s", "imbalance"))
+           for k in BY_KEY}
+    assert got == {"round_robin": (0.4984, 0.279, 1.9098, 1.1154),
+                   "least_loaded": (0.574, 0.2048, 1.3492, 1.1774),
+                   "sticky": (0.6801, 0.1278, 3.8268, 2.9146),
+                   "cache_aware": (0.7572, 0.1024, 0.3584, 1.1921)}
+
+
+def test_the_ordering_the_page_claims():
+    r = evaluate(P())
+    hit = {k: r[f"{k}_hit_rate"] for k in BY_KEY}
+    imb = {k: r[f"{k}_imbalance"] for k in BY_KEY}
+    p99 = {k: r[f"{k}_ttft_p99_s"] for k in BY_KEY}
+    assert min(hit, key=hit.get) == "round_robin"                     # it throws the prefix cache away
+    assert hit["sticky"] > hit["least_loaded"] + 0.1                  # sticky keeps it...
+    assert max(imb, key=imb.get) == "sticky" and max(p99, key=p99.get) == "sticky"   # ...but overloads a replica
+    assert hit["cache_aware"] >= hit["sticky"] - 0.02                 # cache-aware: sticky's hit rate
+    assert imb["cache_aware"] <= imb["least_loaded"] + 0.05           # with least-loaded's balance
+    assert min(p99, key=p99.get) == "cache_aware"
+    sticky_run = run(P(), "sticky")
+    assert sticky_run.evicted_blocks == (0, 131, 0, 0)                 # only the hot replica evicts
+    assert session_turns(16, 4, 1.0)[0] == 15
+
+
+def test_the_pages_figures():
+    def fig(**values):
+        r = evaluate(P(**values))
+        return {k: (round(r[f"{k}_hit_rate"] * 100, 1), round(r[f"{k}_ttft_p99_s"], 2), round(r[f"{k}_imbalance"], 2))
+                for k in BY_KEY}
+    assert fig() == {"round_robin": (49.8, 1.91, 1.12), "least_loaded": (57.4, 1.35, 1.18),
+                     "sticky": (68.0, 3.83, 2.91), "cache_aware": (75.7, 0.36, 1.19)}
+    assert [round(b, 2) for b in evaluate(P())["sticky_busy_s"]] == [0.77, 7.42, 1.38, 0.61]
+    assert fig(skew=0)["sticky"] == (69.4, 0.48, 1.58) and fig(skew=0)["cache_aware"][1] == 0.36
+    assert fig(skew=0)["round_robin"][0] == 49.3
+    assert fig(load_weight=0)["cache_aware"] == (60.0, 8.24, 4.0)
+    assert fig(load_weight=100)["cache_aware"][::2] == (56.6, 1.13)
+    assert fig(capacity=65536)["sticky"][::2] == (80.1, 2.26) and fig(capacity=65536)["cache_aware"][0] == 77.0
+    for query in re.findall(r"\]\(\?([^)]*)\)", PAGE):
+        P.from_mapping(dict(parse_qsl(query)))
+
+
+def test_one_replica_with_room_for_everything_by_hand():
+    """Each session's 4 prompts are 2,048 + 1,024 t tokens (14,336); with its history cached a session
+    computes 2,048 + 3 × 1,024 of them, and the very first request also computes the system prompt."""
+    r = evaluate(P(replicas=1, skew=0, capacity=1_000_000))
+    for k in BY_KEY:
+        assert r[f"{k}_hit_rate"] == (16 * 10_752 - 1_536) / (16 * 14_336)
+
+
+def test_synthetic_trace_is_mooncake_shaped_and_chained():
+    p = P()
+    recs = synthetic_records(p)
+    assert set(recs[0]) == {"timestamp", "input_length", "output_length", "hash_ids", "session_id"}
+    assert [r["timestamp"] for r in recs] == sorted(r["timestamp"] for r in recs)
+    by_session = collections.defaultdict(list)
+    for r in recs:
+        assert len(r["hash_ids"]) == -(-r["input_length"] // 512)
+        by_session[r["session_id"]].append(r)
+    for turns in by_session.values():
+        for a, b in zip(turns, turns[1:]):                 # each turn repeats the previous prompt
+            assert b["hash_ids"][:len(a["hash_ids"])] == a["hash_ids"]
+    firsts = [t[0]["hash_ids"] for t in by_session.values()]
+    assert all(ids[:3] == [0, 1, 2] for ids in firsts) and len({ids[3] for ids in firsts}) == len(firsts)
+    owners = workload(p).owners
+    assert owners[0] == owners[2] == SHARED and owners[firsts[0][3]] != SHARED
+
+
+def test_shipped_sample_is_the_synthetic_trace_without_sessions():
+    recs = synthetic_records(P(**SAMPLE_PARAMS))
+    for r in recs:
+        del r["session_id"]
+    assert SAMPLE.read_text() == to_jsonl(recs)
+    w = workload(P(trace=SAMPLE.read_text()))
+    assert w.uploaded and not w.sessions_given and len(w.requests) == 36
+
+
+def partition(labels):
+    groups = collections.defaultdict(list)
+    for i, x in enumerate(labels):
+        groups[x].append(i)
+    return sorted(groups.values())
+
+
+@pytest.mark.parametrize("values", [{}, {"system_prompt": 1000, "message": 300, "answer": 200}, {"system_prompt": 0},
+                                    SAMPLE_PARAMS])
+def test_sessions_are_inferred_from_hash_ids(values):
+    recs = synthetic_records(P(**values))
+    given = [r.pop("session_id") for r in recs]
+    w = workload(P(trace=to_jsonl(recs), **values))
+    assert partition([q.session for q in w.requests]) == partition(given)
+
+
+def test_an_uploaded_trace_equals_the_synthetic_one():
+    text = to_jsonl(synthetic_records(P()))
+    up, syn = evaluate(P(trace=text)), evaluate(P())
+    assert up["trace"] == "uploaded" and syn["trace"] == "synthetic"
+    assert {k: v for k, v in up.items() if k != "trace"} == {k: v for k, v in syn.items() if k != "trace"}
+
+
+# ---- parsing: each kind of bad line names its line and field --------------------------------------------
+GOOD = line(0, 1000, [0, 1])
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("not json", "The trace's line 2: is not JSON"),
+    ("[1, 2]", "The trace's line 2: must be a JSON object"),
+    ('{"timestamp": 0, "input_length": 10, "output_length": 1}', "The trace's line 2: hash_ids is missing."),
+    (line(-1, 1000, [0, 1]), "The trace's line 2: timestamp must be a number of milliseconds ≥ 0; got -1."),
+    (line("soon", 1000, [0, 1]), 'timestamp must be a number of milliseconds ≥ 0; got "soon".'),
+    (line(0, 0, [0]), "The trace's line 2: input_length must be a whole number ≥ 1; got 0."),
+    (line(0, 10.5, [0]), "input_length must be a whole number ≥ 1; got 10.5."),
+    (line(0, 1000, [0, 1], n_out=-3), "The trace's line 2: output_length must be a whole number ≥ 0; got -3."),
+    (line(0, 1000, []), "The trace's line 2: hash_ids must be a non-empty list of block ids; got []."),
+    (line(0, 1000, [0, "x"]), 'The trace\'s line 2: hash_ids must be a whole number ≥ 0; got "x".'),
+    (line(0, 1000, [0, 1, 2, 3]), "The trace's line 2: hash_ids has 4 blocks, but input_length 1,000 at 512 tokens "
+                                  "per block needs 2 (or 1); set block_size to the trace's block size."),
+    (line(0, 1000, [0, 1], session=[1]), "The trace's line 2: session_id must be a string or a whole number; got [1]."),
+])
+def test_bad_lines_name_the_line_and_field(bad, message):
+    with pytest.raises(ParamError) as err:
+        P(trace=GOOD + "\n" + bad + "\n")
+    assert err.value.field == "trace" and message in str(err.value)
+    assert "Traceback" not in str(err.value)
+
+
+def test_trace_limits():
+    with pytest.raises(ParamError, match=r"at most 5,000 requests; line 5,001 is one more"):
+        P(trace="\n".join([GOOD] * (MAX_TRACE_REQUESTS + 1)))
+    with pytest.raises(ParamError, match=r"at most 2,000,000 bytes; this one has"):
+        P(trace=GOOD + " " * 2_000_000)
+    with pytest.raises(ParamError, match="holds no requests"):
+        P(trace="\n\n")
+    # Blank lines are skipped, lines out of time order are sorted, unknown fields are ignored.
+    extra = json.dumps({"timestamp": 500, "input_length": 600, "output_length": 1, "hash_ids": [0, 1], "note": "x"})
+    reqs = workload(P(trace="\n".join(["", extra, line(100, 600, [0, 2])]))).requests
+    assert [q.arrival for q in reqs] == [0.1, 0.5]
+    assert parse_trace(line(0, 1024, [0, 1]), 512)[0]["hash_ids"] == (0, 1)
+
+
+def test_bad_parameters_are_one_sentence():
+    with pytest.raises(ParamError, match="capacity must hold at least one block of 512 tokens; got 100."):
+        P(capacity=100)
+    with pytest.raises(ParamError, match="replicas must be between 1 and 16 replicas; got 0."):
+        P(replicas=0)
+
+
+def test_page_json_takes_an_uploaded_trace():
+    ok = json.loads(page_json("load-balancer", json.dumps({"_trace": SAMPLE.read_text(), "replicas": "3"})))
+    assert ok["ok"] and ok["params"]["replicas"] == 3 and "trace" not in ok["params"]
+    want = page_data(P(trace=SAMPLE.read_text(), replicas=3))
+    assert ok["data"]["sources"]["running"] == json.loads(json.dumps(want["sources"]["running"]))
+    assert ok["data"]["texts"]["trace"].startswith("Replaying the uploaded trace: 36 requests")
+    bad = json.loads(page_json("load-balancer", json.dumps({"_trace": "oops"})))
+    assert bad == {"ok": False, "field": "trace", "message": "The trace's line 1: is not JSON (Expecting value)."}
+    frame = json.loads(page_json("load-balancer", json.dumps({"_trace": SAMPLE.read_text(), "_frame": 5})))
+    assert frame["ok"] and frame["data"]["animation"]["frame"] == 5
+
+
+def kvx(*args):
+    return subprocess.run([sys.executable, "-m", "kvx.compute.cli", *args], capture_output=True, text=True)
+
+
+def test_cli_replays_a_trace_file(tmp_path):
+    out = kvx("run", "load-balancer", "replicas=3", "--trace", str(SAMPLE), "--json")
+    assert out.returncode == 0, out.stderr
+    body = json.loads(out.stdout)
+    want = evaluate(P(trace=SAMPLE.read_text(), replicas=3))
+    assert body["trace"] == "uploaded" and body["requests"] == 36
+    assert body["cache_aware_hit_rate"] == want["cache_aware_hit_rate"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(GOOD + "\n" + line(0, 1000, [0, 1], n_out=-3) + "\n")
+    out = kvx("run", "load-balancer", "--trace", str(bad))
+    assert out.returncode == 2
+    assert out.stderr.strip() == "kvx: The trace's line 2: output_length must be a whole number ≥ 0; got -3."
+    out = kvx("run", "load-balancer", "--trace", str(tmp_path / "missing.jsonl"))
+    assert out.returncode == 2 and "cannot read the trace" in out.stderr
+    out = kvx("run", "paging", "--trace", str(SAMPLE))
+    assert out.returncode == 2 and out.stderr.strip() == "kvx: paging takes no trace file."
+
+
+# ---- invariants over random workloads -------------------------------------------------------------------
+params = st.builds(P, replicas=st.integers(1, 5), sessions=st.integers(1, 8), turns=st.integers(1, 4),
+                   system_prompt=st.integers(0, 1_500), message=st.integers(1, 700), answer=st.integers(0, 700),
+                   arrival_rate=st.floats(0.5, 50), skew=st.floats(0, 2), capacity=st.integers(512, 8_000),
+                   prefill_rate=st.integers(1_000, 50_000), load_weight=st.floats(0, 5),
+                   block_size=st.sampled_from([16, 128, 512]), seed=st.integers(0, 100))
+
+
+@settings(max_examples=60, deadline=None)
+@given(params)
+def test_simulation_invariants(p):
+    w = workload(p)
+    n = len(w.requests)
+    for router in ROUTERS:
+        r = simulate(p, router, frozenset(range(n)))
+        assert [s.request for s in r.served] == list(range(n))            # every request served exactly once
+        for snap in r.snapshots.values():                                 # the by-session tally adds up
+            for rep in snap:
+                assert sum(blocks for _, blocks in rep.cache) == rep.size <= p.capacity // p.block_size
+                assert all(blocks > 0 for _, blocks in rep.cache)
+        kinds = collections.Counter((kind, k) for _, kind, k, _, _ in r.events)
+        assert all(kinds[(kind, k)] == 1 for kind in ("arrive", "start", "end") for k in range(n))
+        times = [e[0] for e in r.events]
+        assert times == sorted(times)                                     # time never runs backwards
+        assert all(e[4] <= p.capacity // p.block_size for e in r.events)  # no cache over capacity, ever
+        for s in r.served:
+            q = w.requests[s.request]
+            assert s.matched + s.computed == q.input_length and 0 <= s.matched
+            assert q.arrival <= s.start <= s.end
+        for rep in range(p.replicas):                                     # FIFO, one prefill at a time
+            arrived = [k for _, kind, k, x, _ in r.events if kind == "arrive" and x == rep]
+            started = [k for _, kind, k, x, _ in r.events if kind == "start" and x == rep]
+            assert arrived == started
+            mine = sorted((s for s in r.served if s.replica == rep), key=lambda s: s.start)
+            assert all(a.end <= b.start + 1e-12 for a, b in zip(mine, mine[1:]))
+        assert sum(r.busy) == pytest.approx(sum(s.computed for s in r.served) / p.prefill_rate)
+    out = evaluate(p)
+    for router in ROUTERS:
+        assert 0 <= out[f"{router.key}_hit_rate"] <= 1
+        assert out[f"{router.key}_imbalance"] >= 1 - 1e-12
+        assert out[f"{router.key}_ttft_p50_s"] <= out[f"{router.key}_ttft_p99_s"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(params, st.integers(0, 300))
+def test_frames_show_the_state_the_run_recorded(p, f):
+    frames = frame_requests(len(workload(p).requests))
+    d = frame_data(p, f)
+    k = frames[d["animation"]["frame"]]
+    assert d["animation"]["frames"] == len(frames) and f"request {k} " in d["animation"]["caption"]
+    cap = p.capacity // p.block_size * p.block_size
+    per_lane = collections.Counter()
+    for x0, x1, y in zip(d["sources"]["cache"]["x0"], d["sources"]["cache"]["x1"], d["sources"]["cache"]["y"]):
+        per_lane[y] += x1 - x0
+    assert all(v <= cap for v in per_lane.values())
+    assert d["sources"]["here"]["y"] == [-(g * (p.replicas + 1) + run(p, key).served[k].replica)
+                                         for g, key in enumerate(BY_KEY)]
+
+
+def test_routers_are_one_family():
+    assert [r.key for r in ROUTERS] == ["round_robin", "least_loaded", "sticky", "cache_aware"]
+    assert len(set(ROUTERS)) == 4
+    hashes, owners = ring(4)
+    assert len(hashes) == 4 * 64 and hashes == tuple(sorted(hashes)) and set(owners) == {0, 1, 2, 3}
+    assert percentile([3, 1, 2, 4], 0.5) == 2 and percentile(list(range(1, 65)), 0.99) == 64
+
+
+def test_a_frame_is_quick_and_the_page_opens_on_stickys_busiest_moment():
+    d = page_data(P())
+    assert d["animation"]["mode"] == "on_demand" and d["animation"]["frames"] == 64
+    k = frame_requests(64)[d["animation"]["frame"]]
+    queues = run(P(), "sticky").queue_at_arrival
+    assert queues[k] == max(queues)
+    assert len(d["formula"]) >= 3 and d["formula"][-1]["name"].startswith("Cache-aware score")
