@@ -10,6 +10,10 @@ from typing import Any, Callable
 
 from .agent_sessions import model as agent_sessions
 from .cache_renting import model as cache_renting
+from .cross_model import model as cross_model
+from .disaggregation import model as disaggregation
+from .load_balancer import model as load_balancer
+from .mla import model as mla
 from .paging import model as paging
 from .prefix_reuse import model as prefix_reuse
 from .prompt_caching import model as prompt_caching
@@ -33,6 +37,9 @@ class Explainer:
     frame_data: Callable[[Any, int], dict] | None = None
     # Pages with a "run it here" button: the model words the server's reply (params, reply) -> text.
     describe_run: Callable[[Any, dict], str] | None = None
+    # Data the reader uploads (a trace file): each name is a non-parameter field of the params dataclass,
+    # sent by the page as `_<name>` and by `kvx run --<name> FILE`. Never part of the URL.
+    uploads: tuple[str, ...] = ()
 
     def describe(self) -> dict:
         return {"slug": self.slug, "title": self.title, "level": self.level, "claim": self.claim,
@@ -103,6 +110,21 @@ REGISTRY: dict[str, Explainer] = {e.slug: e for e in [
         glossary=("prefix-caching", "cache-eviction", "kv-cache"),
     ),
     Explainer(
+        slug="load-balancer",
+        title="The load balancer decides the hit rate",
+        level="intermediate",
+        claim=("Behind a load balancer every replica keeps its own prefix cache, so the router decides the hit "
+               "rate: round-robin scatters each conversation and recomputes it, sticky sessions keep it cached "
+               "but pile hot sessions onto one replica, and a router that weighs the cached prefix against the "
+               "queue gets most of both."),
+        params=load_balancer.LoadBalancerParams,
+        evaluate=load_balancer.evaluate,
+        page_data=load_balancer.page_data,
+        frame_data=load_balancer.frame_data,
+        uploads=("trace",),
+        glossary=("cache-aware-routing", "prefix-caching", "radixattention", "cache-eviction", "ttft"),
+    ),
+    Explainer(
         slug="quantization",
         title="Smaller weights run faster, a smaller cache does not",
         level="beginner",
@@ -115,6 +137,48 @@ REGISTRY: dict[str, Explainer] = {e.slug: e for e in [
         describe_run=quantization.describe_run,
         glossary=("kv-cache", "kv-cache-quantization", "roofline", "gqa"),
     ),
+    Explainer(
+        slug="disaggregation",
+        title="Split the phases, and the cache has to travel",
+        level="advanced",
+        claim=("Serving prefill and decode on separate GPUs moves each prompt's whole KV cache over a link: sent "
+               "after prefill it delays the second token by the full transfer, but sent layer by layer while "
+               "prefill continues only the last layer's transfer shows, unless the link is slower than prefill."),
+        params=disaggregation.DisaggregationParams,
+        evaluate=disaggregation.evaluate,
+        page_data=disaggregation.page_data,
+        glossary=("disaggregated-serving", "ttft", "kv-cache", "gqa"),
+    ),
+    Explainer(
+        slug="mla",
+        title="Cache a latent, not every head",
+        level="advanced",
+        claim=("Multi-head latent attention caches one 512-number latent and one 64-number position key per token "
+               "and layer, as much as grouped-query attention with 2.25 groups and 1.8% of what DeepSeek-V2's 128 "
+               "heads would cache, and at decode it attends over the latent itself instead of rebuilding every "
+               "head's keys and values; the paper's \"93.3% smaller\" also counts a 6-bit cache against DeepSeek "
+               "67B's 16-bit one."),
+        params=mla.MLAParams,
+        evaluate=mla.evaluate,
+        page_data=mla.page_data,
+        frame_data=mla.frame_data,
+        describe_run=mla.describe_run,
+        glossary=("mla", "gqa", "kv-cache", "kv-cache-quantization", "roofline"),
+    ),
+    Explainer(
+        slug="cross-model",
+        title="Cross-model KV cache transfer",
+        level="advanced",
+        claim=("When a cascade hands a request from a small model to its larger sibling, mapping the small "
+               "model's KV cache across with per-head linear maps costs a few hundredths of a percent of "
+               "prefilling the context again, so the handoff's real price is the quality the maps lose, which "
+               "varies by model pair."),
+        params=cross_model.CrossModelParams,
+        evaluate=cross_model.evaluate,
+        page_data=cross_model.page_data,
+        describe_run=cross_model.describe_run,
+        glossary=("cross-model-kv-cache-transfer", "kv-cache", "ttft", "gqa"),
+    ),
 ]}
 
 
@@ -124,13 +188,22 @@ def get(slug: str) -> Explainer:
     return REGISTRY[slug]
 
 
+def params_from(explainer: Explainer, values: dict):
+    """The parameters from `values`, with any uploaded data (`_<name>` keys) attached. Pops those keys."""
+    data = {name: values.pop(f"_{name}") for name in explainer.uploads if values.get(f"_{name}") is not None}
+    for key in [k for k in values if k.startswith("_") and k[1:] in explainer.uploads]:
+        values.pop(key)
+    params = explainer.params.from_mapping(values)
+    return dataclasses.replace(params, **data) if data else params
+
+
 def run(slug: str, values: dict) -> dict:
     """Validate `values` and evaluate the model: the explainer, its parameters, and its named results.
 
     Used by `kvx run` and the server, so both print the same thing. Raises ParamError on bad input.
     """
     explainer = get(slug)
-    params = explainer.params.from_mapping(values)
+    params = params_from(explainer, dict(values))
     return {"explainer": slug, "params": params.as_dict(), **explainer.evaluate(params)}
 
 
@@ -145,7 +218,7 @@ def page_json(slug: str, params_json: str) -> str:
         values = json.loads(params_json)
         frame = values.pop("_frame", None)              # a request for one animation frame, not a parameter
         run_reply = values.pop("_run_reply", None)      # the server's measurement, to be put into words
-        params = explainer.params.from_mapping(values)
+        params = params_from(explainer, values)         # with any uploaded data (`_trace`) attached
         if run_reply is not None and explainer.describe_run is not None:
             return json.dumps({"ok": True, "params": params.as_dict(),
                                "data": {"texts": {"run_result": explainer.describe_run(params, run_reply)}}})

@@ -95,6 +95,16 @@ _PRESETS = [
                 _hf("meta-llama/Llama-2-7b-hf")),
     ModelPreset("falcon-7b", "Falcon 7B", "MQA", 32, 71, 1, 64, 6.92e9, 2048,
                 _hf("tiiuae/falcon-7b") + " (multi_query: true)"),
+    # The models the disaggregation papers measure (Splitwise: Llama-2-70B, BLOOM-176B; DistServe: OPT).
+    ModelPreset("llama-2-70b", "Llama 2 70B", "GQA", 80, 64, 8, 128, 68.98e9, 4096,
+                _hf("meta-llama/Llama-2-70b-hf") + "; parameters counted from it"),
+    ModelPreset("bloom-176b", "BLOOM 176B", "MHA", 70, 112, 112, 128, 176.25e9, 2048,
+                _hf("bigscience/bloom") + " (n_embed 14336, n_layer 70, 112 heads); 176B parameters"),
+    ModelPreset("opt-66b", "OPT 66B", "MHA", 64, 72, 72, 128, 65.7e9, 2048,
+                _hf("facebook/opt-66b") + " (hidden 9216, 72 heads); OPT paper (2022), Table 1"),
+    ModelPreset("opt-175b", "OPT 175B", "MHA", 96, 96, 96, 128, 174.6e9, 2048,
+                "OPT paper (Zhang et al., 2022), Table 1: 96 layers, 96 heads, d_model 12288 "
+                "(weights released on request, not on the Hugging Face hub)"),
 ]
 
 MODELS: dict[str, ModelPreset] = {m.slug: m for m in _PRESETS}

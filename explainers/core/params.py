@@ -39,8 +39,9 @@ def number(default, *, unit: str, min: float, max: float, help: str, optional: b
     return dataclasses.field(default=default, metadata={_SPEC: Spec("number", unit, help, min, max, optional=optional)})
 
 
-def integer(default: int, *, unit: str, min: int, max: int, help: str):
-    return dataclasses.field(default=default, metadata={_SPEC: Spec("integer", unit, help, min, max)})
+def integer(default: int | None, *, unit: str, min: int, max: int, help: str, optional: bool = False):
+    return dataclasses.field(default=default, metadata={_SPEC: Spec("integer", unit, help, min, max,
+                                                                     optional=optional)})
 
 
 def choice(default: str, choices: Iterable[str], *, help: str, unit: str = "",

@@ -148,7 +148,11 @@ def test_embed_mode_shows_the_explainer_alone(offline_page, site_url, screenshot
 # One change of a typed control per explainer: the generic check every page must pass.
 CHANGES = {"cache-renting": {"context": "64000"}, "quantization": {"batch": "16", "context": "128000"},
            "paging": {"block_size": "64"}, "prefix-reuse": {"capacity": "5000"},
-           "prompt-caching": {"rate_per_min": "0.05"}, "agent-sessions": {"sessions": "4"}}
+           "prompt-caching": {"rate_per_min": "0.05"}, "agent-sessions": {"sessions": "4"},
+           "load-balancer": {"load_weight": "0"},
+           "disaggregation": {"links": "1", "context": "32000"},
+           "cross-model": {"context": "2000"},
+           "mla": {"context": "16384"}}
 
 
 def test_every_explainer_has_a_browser_change():
@@ -207,3 +211,116 @@ def test_quantization_runs_the_real_kernel_on_the_server(offline_page, site_url)
     page.wait_for_function("Number(document.documentElement.dataset.kvxRun || 0) > 0", timeout=60_000)
     text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
     assert text.startswith("Measured on") and "The cache was 68% of the bytes" in text
+
+
+def test_mla_runs_the_real_kernel_on_the_server(offline_page, site_url):
+    page = offline_page
+    page.goto(f"{site_url}/mla.html?context=2048")
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+    baked = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
+    assert baked.startswith("Baked when the site was built") and "Measured on" in baked
+    assert "trained MLA model" in baked and "4,096 cached tokens" in baked and "Outputs agree" in baked
+    page.wait_for_function("!Bokeh.documents[0].get_model_by_name('run:button').disabled", timeout=10_000)
+    page.get_by_role("button", name=re.compile("Run it here")).click()
+    page.wait_for_function("Number(document.documentElement.dataset.kvxRun || 0) > 0", timeout=60_000)
+    text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
+    assert text.startswith("Measured on") and "2,048 cached tokens" in text
+    assert "absorbed 524.29 KB" in text and "the server counted" not in text      # 2,048 x 64 x 4 B, as computed
+
+
+def test_mla_steps_frames_that_equal_cpython(offline_page, site_url):
+    from kvx.explainers.mla.model import MLAParams, frame_data
+    page = offline_page
+    page.goto(f"{site_url}/mla.html")
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+    page.evaluate("window.kvx.anim.reset()")
+    page.wait_for_function("Number(document.documentElement.dataset.kvxFrameApplied || 0) >= 1", timeout=30_000)
+    page.locator("body").click(position={"x": 5, "y": 5})
+    for _ in range(9):
+        page.keyboard.press("ArrowRight")
+    page.wait_for_function("document.documentElement.dataset.kvxFrame === '9' && "
+                           "Number(document.documentElement.dataset.kvxFrameApplied) >= 2", timeout=30_000)
+    page.wait_for_timeout(300)                                  # let the latest reply land
+    want = json.loads(json.dumps(frame_data(MLAParams(), 9)))
+    for key in ("boxes", "arrows"):
+        got = source_data(page, key)
+        assert got == {k: pytest.approx(v) if v and isinstance(v[0], float) else v
+                       for k, v in want["sources"][key].items()}, key
+    text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:step_costs').text")
+    assert text == want["texts"]["step_costs"] and "[128 × 512]" in text
+    assert "step=9" in page.url
+
+
+def test_load_balancer_replays_an_uploaded_trace(offline_page, site_url, screenshot, tmp_path):
+    """The reader uploads the shipped Mooncake sample: the plots equal CPython's model for that file, a
+    control change and an animation step keep it, a bad file is refused under the file input, and
+    "Use the built-in data" goes back to the synthetic trace. The file never enters the URL."""
+    import dataclasses
+    from pathlib import Path
+
+    from kvx.explainers.load_balancer.model import LoadBalancerParams, frame_data, page_data
+    sample = Path(__file__).parents[2] / "explainers" / "load_balancer" / "sample_trace.jsonl"
+    text = sample.read_text()
+
+    def want(**values):
+        p = dataclasses.replace(LoadBalancerParams.from_mapping(values), trace=text)
+        return json.loads(json.dumps(page_data(p)))
+
+    page = offline_page
+    page.goto(f"{site_url}/load-balancer.html?replicas=3")
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+    wait_applied(page, 0)
+    before = applied(page)
+    page.locator("input[type=file]").set_input_files(str(sample))
+    wait_applied(page, before)
+    assert_sources_equal(page, want(replicas=3))
+    note = page.evaluate("Bokeh.documents[0].get_model_by_name('text:trace').text")
+    assert note.startswith("Replaying the uploaded trace: 36 requests")
+    assert "replicas=3" in page.url and "trace" not in page.url
+
+    before = applied(page)
+    set_control(page, "load_weight", "0")
+    wait_applied(page, before)
+    assert_sources_equal(page, want(replicas=3, load_weight=0))
+
+    page.evaluate("window.kvx.anim.reset()")
+    page.wait_for_function("document.documentElement.dataset.kvxFrame === '0' && "
+                           "Number(document.documentElement.dataset.kvxFrameApplied || 0) >= 1", timeout=30_000)
+    page.wait_for_timeout(300)
+    frame = json.loads(json.dumps(frame_data(dataclasses.replace(
+        LoadBalancerParams(replicas=3, load_weight=0), trace=text), 0)))
+    for key in ("cache", "queue", "here"):
+        got = source_data(page, key)
+        assert got == {k: pytest.approx(v) if v and isinstance(v[0], float) else v
+                       for k, v in frame["sources"][key].items()}, key
+    screenshot(page, "load-balancer-uploaded")
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(text.splitlines()[0] + "\n" + '{"timestamp": 5, "input_length": -1, "output_length": 1, '
+                   '"hash_ids": [0]}\n')
+    errors = int(page.evaluate("Number(document.documentElement.dataset.kvxErrors || 0)"))
+    page.locator("input[type=file]").set_input_files(str(bad))
+    page.wait_for_function(f"Number(document.documentElement.dataset.kvxErrors || 0) > {errors}", timeout=30_000)
+    message = page.evaluate("Bokeh.documents[0].get_model_by_name('error:trace').text")
+    assert message == "The trace's line 2: input_length must be a whole number ≥ 1; got -1."
+    assert page.get_by_text(message).is_visible() and "Traceback" not in page.content()
+
+    before = applied(page)
+    page.get_by_role("button", name="Use the built-in data").click()
+    wait_applied(page, before)
+    assert_sources_equal(page, expected("load-balancer", replicas=3, load_weight=0))
+    assert page.evaluate("Bokeh.documents[0].get_model_by_name('error:trace').text") == ""
+
+
+def test_cross_model_runs_the_real_kernel_on_the_server(offline_page, site_url):
+    page = offline_page
+    page.goto(f"{site_url}/cross-model.html")
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+    baked = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
+    assert baked.startswith("Baked when the site was built") and "Measured on" in baked
+    assert "gqa-small" in baked and "bits per byte" in baked and "worse than the small model alone" in baked
+    page.wait_for_function("!Bokeh.documents[0].get_model_by_name('run:button').disabled", timeout=10_000)
+    page.get_by_role("button", name=re.compile("Run it here")).click()
+    page.wait_for_function("Number(document.documentElement.dataset.kvxRun || 0) > 0", timeout=120_000)
+    text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
+    assert text.startswith("Measured on") and "4,096 tokens of training text" in text

@@ -6,7 +6,9 @@ import dataclasses
 import pytest
 
 from kvx.explainers.core.dtypes import dtype_bits, dtype_bytes, dtype_label
+from kvx.explainers.core.flops import attention_flops, dense_flops, prefill_flops
 from kvx.explainers.core.gpus import GPUS
+from kvx.explainers.core.links import LINKS
 from kvx.explainers.core.models import MODELS, ModelPreset
 from kvx.explainers.core.params import Params, ParamError, choice, integer, number
 from kvx.explainers.core.units import bytes_both, bytes_iec, bytes_si
@@ -28,6 +30,10 @@ FP16_BYTES_PER_TOKEN = {
     "opt-13b": 819_200,                       # PagedAttention sec. 3: "800 KB" (2 * 5120 * 40 * 2)
     "llama-2-7b": 524_288,                    # the well-known 0.5 MiB per token
     "falcon-7b": 2 * 32 * 1 * 64 * 2,         # 8,192: one KV head (MQA)
+    "llama-2-70b": 327_680,                   # same KV shape as Llama 3 70B: 80 layers x 8 KV heads x 128
+    "bloom-176b": 2 * 70 * 14_336 * 2,        # 4,014,080: MHA, 112 heads x 128 = 14,336
+    "opt-66b": 2 * 64 * 9_216 * 2,            # 2,359,296; x 512 tokens = 1.21 GB = 1.125 GiB (DistServe's "1.13GB")
+    "opt-175b": 2 * 96 * 12_288 * 2,          # 4,718,592 = 4.5 MiB
 }
 
 
@@ -149,8 +155,73 @@ def test_from_mapping_rejects_unknown_names():
         Demo.from_mapping({"zz": 1})
 
 
+def test_an_integer_can_be_optional():
+    @dataclasses.dataclass(frozen=True)
+    class WithLayers(Params):
+        layers: int | None = integer(None, unit="layers", min=1, max=8, help="layers", optional=True)
+
+    assert WithLayers().layers is None and WithLayers.from_mapping({"layers": "auto"}).layers is None
+    assert WithLayers.from_mapping({"layers": "3"}).layers == 3
+    with pytest.raises(ParamError, match="layers must be a whole number between 1 and 8 layers; got 2.5."):
+        WithLayers(layers=2.5)
+
+
 def test_describe_lists_name_default_bounds_unit_help():
     described = {d["name"]: d for d in Demo.describe()}
     assert described["n"] == {"name": "n", "kind": "integer", "default": 3, "min": 1, "max": 10, "unit": "tokens",
                               "help": "n", "choices": [], "optional": False}
     assert described["c"]["choices"] == ["a", "b"]
+
+
+# Links, one way, in bytes per second: Gb/s ÷ 8. GPU datasheets print both directions added together.
+LINK_BYTES_PER_S = {
+    "nvlink-4": 450e9,       # H100 SXM: "900 GB/s" is both directions
+    "nvlink-3": 300e9,       # A100 SXM: "600 GB/s" is both directions
+    "ib-ndr-400g": 50e9,     # 400 Gb/s
+    "ib-hdr-200g": 25e9,     # 200 Gb/s
+    "roce-200g": 25e9,
+    "roce-100g": 12.5e9,
+    "eth-25g": 3.125e9,      # 25 Gb/s
+    "pcie-5-x16": 63e9,      # 32 GT/s x 16 x 128/130 / 8
+}
+
+
+def test_every_link_preset_is_pinned_one_way_in_bytes():
+    assert set(LINK_BYTES_PER_S) == set(LINKS)
+    for slug, bps in LINK_BYTES_PER_S.items():
+        assert LINKS[slug].bytes_per_s == bps, slug
+        assert LINKS[slug].source and "each way" in LINKS[slug].printed_as
+    assert LINKS["ib-ndr-400g"].label() == "InfiniBand NDR 400G: 400 Gb/s = 50 GB/s each way"
+
+
+def test_prefill_flops_written_out():
+    """2 x params x n for the weights, plus causal attention 2 x layers x q_heads x head_dim x n^2."""
+    m = MODELS["llama-3-8b"]
+    assert dense_flops(m, 1000) == 2 * 8.03e9 * 1000
+    assert attention_flops(m, 1000) == 2 * 32 * 32 * 128 * 1000 ** 2 == 262_144_000_000
+    assert prefill_flops(m, 1000) == dense_flops(m, 1000) + attention_flops(m, 1000)
+    assert dense_flops(MODELS["deepseek-v3"], 1) == 2 * 37e9          # active parameters of a mixture of experts
+
+
+def test_radix_peek_reads_without_touching():
+    """RadixTree.peek (what a router asks a replica's cache): the same length as match, but no edge is
+    split and no recency changes, so looking at every replica does not reorder their evictions."""
+    from kvx.explainers.core.radix import RadixTree
+    tree = RadixTree(100)
+    tree.insert((1, 2, 3, 4))
+    tree.insert((1, 2, 9))
+    before = [(n.tokens, n.last_access) for n in tree.nodes()]
+    assert [tree.peek(s) for s in [(1, 2, 3), (1, 2, 3, 4, 5), (1, 2, 9), (1, 5), (7,), ()]] == [3, 4, 3, 1, 0, 0]
+    assert [(n.tokens, n.last_access) for n in tree.nodes()] == before
+    for s in [(1, 2, 3), (1, 2, 9, 9), (1, 5)]:
+        assert tree.peek(s) == tree.match(s)[0]
+
+
+def test_radix_on_evict_reports_each_evicted_leaf():
+    from kvx.explainers.core.radix import RadixTree
+    tree, gone = RadixTree(5), []
+    tree.on_evict = lambda leaf: gone.append(leaf.tokens)
+    tree.insert((1, 2, 3))
+    tree.insert((7, 8))
+    tree.insert((9, 9, 9))                     # needs 3 more: the least recently used leaf (1, 2, 3) goes
+    assert gone == [(1, 2, 3)] and tree.evicted == 3 and tree.size == 5
