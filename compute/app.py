@@ -5,13 +5,19 @@ import mimetypes
 import typing
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Mount
 
 from kvx.compute import VERSION
+from kvx.compute.device import device_info
+from kvx.compute.responses import FiniteJSONResponse
 from kvx.compute.routers import explainers, health
+from kvx.compute.security import BodyLimit, SecurityHeaders
 from kvx.compute.settings import Settings
 
 # Pyodide hangs unless .wasm is application/wasm and .mjs is JavaScript; some systems know neither.
@@ -30,10 +36,19 @@ def _bounds(model, field: str) -> tuple[object, object, bool]:
 
 def _sentence(error: dict, model=None) -> tuple[str, str]:
     """A pydantic error as (field, one sentence naming the field, the allowed range and the value given)."""
-    loc = [str(part) for part in error.get("loc", ()) if part != "body"]
-    field = loc[0] if loc else "body"        # the parameter, not the union member that failed
-    got = error.get("input")
+    loc = list(error.get("loc", ()))
+    if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
+        loc = loc[1:]
     kind = error.get("type", "")
+    if kind == "json_invalid":               # loc is the character where the JSON broke, not a field
+        where = f" at character {loc[0]}" if loc else ""
+        reason = error.get("ctx", {}).get("error", "it does not parse")
+        return "body", f"The request body is not valid JSON: {reason}{where}."
+    field = str(loc[0]) if loc else "body"   # the parameter, not the union member that failed
+    got = error.get("input")
+    if kind == "extra_forbidden" and field == "device":
+        return field, (f"device is not a parameter here: the server runs every kernel on its own device, which is "
+                       f"{device_info()['device']} on this server (see /api/v1/health).")
     if kind == "extra_forbidden":
         return field, f"{field} is not a parameter here; see the OpenAPI docs at /docs for the parameters."
     if field == "body":
@@ -77,34 +92,69 @@ def _include_kernels(app: FastAPI, settings: Settings) -> None:
     app.include_router(kernels.router, prefix="/api/v1")
 
 
+def _api_fallback(app: FastAPI) -> None:
+    """Any other /api/ path is a JSON 404, or a 405 listing the methods its route takes, never the site's 404."""
+    methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"]
+
+    @app.api_route("/api/{rest:path}", methods=methods, include_in_schema=False)
+    def not_here(request: Request, rest: str) -> JSONResponse:
+        path = request.url.path
+        routes = [r for r in app.router.routes if getattr(r, "endpoint", None) is not not_here
+                  and not isinstance(r, Mount)]          # the site's mount takes any path and any method
+        allowed = [m for m in methods if any(r.matches({**request.scope, "method": m})[0] == Match.FULL
+                                             for r in routes)]
+        if allowed:
+            return JSONResponse(status_code=405, headers={"Allow": ", ".join(allowed)},
+                                content={"detail": f"{path} takes {' or '.join(allowed)}, not {request.method}."})
+        return JSONResponse(status_code=404, content={"detail": f"There is no API endpoint {path}; the endpoints "
+                                                                f"are listed at /docs."})
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
-    app = FastAPI(title="kvx compute server", version=VERSION,
+    app = FastAPI(title="kvx compute server", version=VERSION, default_response_class=FiniteJSONResponse,
                   description="Evaluates the kvx explainer models and, where present, runs the real kernels.")
+    app.state.settings = settings
+    app.state.answers = explainers.Answers()      # the explainer models' answers, by their parameters
+    # Outermost last: security headers on every answer (the 413s too), CORS, then the body limit.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Content-Type"])
+    app.add_middleware(SecurityHeaders)
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
-            return JSONResponse(status_code=413, content={"detail": f"The request body may be at most "
-                                                                   f"{settings.max_body_bytes} bytes; got {length}."})
-        return await call_next(request)
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception):
+        """A bug answers this request only, as a JSON sentence; the traceback goes to the server's log."""
+        return JSONResponse(status_code=500, content={"detail": f"The server failed on this request "
+                                                                f"({type(exc).__name__}); other requests are "
+                                                                f"unaffected. Please report it."})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_errors(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # json.loads gave up
+            return JSONResponse(status_code=422, content={"detail": [{
+                "loc": ["body"], "type": "json_invalid",
+                "msg": "The request body is not valid JSON: it is not UTF-8 text, or a number in it is too long."}]})
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def validation_sentences(request: Request, exc: RequestValidationError):
         detail = {}
         model = _body_model(request)
+        sent_json = "json" in request.headers.get("content-type", "")
         for error in exc.errors():
             field, msg = _sentence(error, model)
-            detail.setdefault(field, {"loc": ["body", field], "msg": msg, "type": error.get("type", "value_error")})
+            if field == "body" and not sent_json and error.get("type") == "model_attributes_type":
+                msg = "The request body must be a JSON object of parameters, sent as Content-Type: application/json."
+            loc = ["body"] if field == "body" else ["body", field]
+            detail.setdefault(field, {"loc": loc, "msg": msg, "type": error.get("type", "value_error")})
         return JSONResponse(status_code=422, content={"detail": list(detail.values())})
 
     app.include_router(health.router, prefix="/api/v1")
     app.include_router(explainers.router, prefix="/api/v1")
     _include_kernels(app, settings)
+    _api_fallback(app)
 
     if settings.site_dir.is_dir():
         app.mount("/", StaticFiles(directory=settings.site_dir, html=True), name="site")

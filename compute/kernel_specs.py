@@ -23,7 +23,7 @@ from kvx.compute.lm.model import TinyLM, next_token_loss
 from kvx.compute.lm.train import CHECKPOINTS, SEQ_LEN, load
 
 TrainedModel = Literal["gqa-large", "gqa-small", "mla"]
-MAX_WORK = 2e11          # FLOP-equivalents one request may cost; about a minute on two CPU cores
+MAX_WORK = 2e11          # FLOP-equivalents one request may cost (Settings.kernel_max_work); ~a minute on 2 cores
 
 
 class Request(BaseModel):
@@ -103,7 +103,7 @@ class PagedRequest(Request):
     context: int = Field(1024, ge=1, le=16384, description="tokens per sequence (tokens)")
     block_size: int = Field(16, ge=1, le=256, description="tokens per block (tokens)")
     heads: int = Field(8, ge=1, le=64)
-    kv_heads: int = Field(2, ge=1, le=64)
+    kv_heads: int = Field(2, ge=1, le=64, validate_default=True)   # checked against heads even when left out
     head_dim: int = Field(64, ge=8, le=256)
     repeats: int = Field(7, ge=1, le=25)
 
@@ -150,6 +150,7 @@ class EvictionRequest(Request):
     budget_fraction: float = Field(0.25, ge=0.05, le=1.0, description="share of the prompt's tokens kept")
     task: Literal["text", "recall"] = "recall"
     sequences: int = Field(16, ge=1, le=64)
+    sinks: int = Field(4, ge=0, le=64, description="StreamingLLM's sink tokens (streaming_llm only; 0 evicts them)")
 
 
 def eviction_cost(r: EvictionRequest) -> float:
@@ -165,7 +166,10 @@ def eviction_run(r: EvictionRequest, progress) -> dict:
         ids, pos, prefix = data.text_set(r.sequences, SEQ_LEN), None, SEQ_LEN - 64
     ids = ids.to(device())
     progress(0.1, "prefill with the full cache")
-    out = eviction.evaluate(model, ids, prefix, eviction.POLICIES[r.policy], r.budget_fraction,
+    policy = eviction.POLICIES[r.policy]
+    if r.policy == "streaming_llm":
+        policy = dataclasses.replace(policy, sinks=r.sinks)
+    out = eviction.evaluate(model, ids, prefix, policy, r.budget_fraction,
                             answer_positions=None if pos is None else pos.to(device()))
     c = model.c
     return {**out, "model_bytes": c.cache_numbers_per_token() * 2 * out["budget"],

@@ -15,3 +15,4 @@ class Settings(BaseSettings):
     kernel_workers: int = 1                 # kernel jobs that run at once (the CPU has two cores)
     kernel_queue: int = 4                   # jobs that may wait; more get 503 with Retry-After
     kernel_time_limit_s: float = 300.0      # a job running longer is stopped with a clear error
+    kernel_max_work: float = 2e11           # FLOP-equivalents one kernel request may cost; more is refused (422)

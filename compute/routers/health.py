@@ -9,5 +9,5 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/health", summary="Version and the device the kernels run on")
-def health() -> dict:
+async def health() -> dict:      # device_info() is cached: no thread needed
     return {"status": "ok", "version": VERSION, **device_info()}

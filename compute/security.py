@@ -1,0 +1,182 @@
+"""What the server adds to every answer to keep a reader's browser and the server itself safe.
+
+- `BodyLimit`: request bodies over the limit are refused with 413, whether or not the client says how long
+  the body is (a chunked body is counted as it arrives, and never buffered past the limit).
+- `SecurityHeaders`: `X-Content-Type-Options: nosniff` on everything, and on the site's pages a
+  Content-Security-Policy that lets the pages do what they do (Pyodide compiling WebAssembly in a module
+  worker, BokehJS from the same origin, Bokeh's inline styles) and nothing from any other host. The
+  inline scripts Bokeh's `file_html` writes are allowed by their SHA-256 hashes, computed from the page
+  as it is served, so no other inline script runs. Pages need `'unsafe-eval'` for Bokeh's CustomJS
+  callbacks (compiled with `new Function`). Scripts, the worker's among them, get the same policy
+  without it: a module worker's policy is the one its own script is served with, and Pyodide needs
+  only `'wasm-unsafe-eval'` there, to compile its WebAssembly.
+- `csp_for_html`: the policy for one page, also used to write a `_headers` file for static hosts:
+  `python -m kvx.compute.security build/site > build/site/_headers`.
+
+Pure ASGI middleware (not `BaseHTTPMiddleware`), so responses stream through untouched except HTML.
+"""
+from __future__ import annotations
+
+import base64
+import collections
+import hashlib
+import json
+import re
+import sys
+import threading
+from pathlib import Path
+
+# The policy for the site's pages. `{scripts}` gets the hashes of the page's own inline scripts.
+CSP = ("default-src 'self'; script-src 'self' 'wasm-unsafe-eval' 'unsafe-eval'{scripts}; worker-src 'self'; "
+       "connect-src 'self'; img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; font-src 'self' data:; "
+       "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors *")
+# Everything else of the site (scripts, the worker, styles, data): the same policy without eval.
+SCRIPT_CSP = CSP.format(scripts="").replace(" 'unsafe-eval'", "")
+# Paths the policy is not for: the API answers JSON, and FastAPI's /docs loads Swagger UI from its CDN.
+NOT_SITE = ("/api/", "/docs", "/redoc", "/openapi.json")
+
+_SCRIPT = re.compile(rb"<script\b([^>]*)>(.*?)</script\s*>", re.IGNORECASE | re.DOTALL)
+_TYPE = re.compile(rb"""\btype\s*=\s*["']?([^"'\s>]+)""", re.IGNORECASE)
+_SRC = re.compile(rb"\bsrc\s*=", re.IGNORECASE)
+_JS_TYPES = {b"", b"module", b"text/javascript", b"application/javascript", b"text/ecmascript"}
+
+
+def inline_script_hashes(html: bytes) -> list[str]:
+    """'sha256-…' of every inline script a browser would run (not src=, not JSON data blocks), in order."""
+    hashes = []
+    for attrs, body in _SCRIPT.findall(html):
+        if _SRC.search(attrs):
+            continue
+        kind = _TYPE.search(attrs)
+        if (kind.group(1).lower() if kind else b"") not in _JS_TYPES:
+            continue
+        digest = base64.b64encode(hashlib.sha256(body).digest()).decode()
+        hashes.append(f"'sha256-{digest}'")
+    return list(dict.fromkeys(hashes))
+
+
+def csp_for_html(html: bytes) -> str:
+    hashes = inline_script_hashes(html)
+    return CSP.format(scripts="".join(" " + h for h in hashes))
+
+
+class BodyLimit:
+    """413 for a request body over `max_bytes`; 400 for a Content-Length that is not a number."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None:
+            text = length.decode("latin-1").strip()
+            if not text.isdigit():
+                return await _json(send, 400, f"Content-Length must be a whole number of bytes; got {text!r}.")
+            if int(text) > self.max_bytes:
+                return await _json(send, 413, f"The request body may be at most {self.max_bytes} bytes; got {text}.")
+            return await self.app(scope, receive, send)
+        # No length given (chunked): read the body up to the limit before the app sees any of it.
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":        # the client went away before sending it all
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.max_bytes:
+                return await _json(send, 413, f"The request body may be at most {self.max_bytes} bytes; "
+                                              f"got more than that (sent without a Content-Length).")
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+
+class SecurityHeaders:
+    """nosniff on every answer; the Content-Security-Policy on the site's pages and scripts."""
+
+    def __init__(self, app, cache_size: int = 256):
+        self.app = app
+        self.cache: collections.OrderedDict[bytes, str] = collections.OrderedDict()
+        self.cache_size = cache_size
+        self.lock = threading.Lock()
+
+    def _policy(self, html: bytes) -> str:
+        key = hashlib.sha256(html).digest()
+        with self.lock:
+            if key in self.cache:
+                return self.cache[key]
+        policy = csp_for_html(html)
+        with self.lock:
+            self.cache[key] = policy
+            while len(self.cache) > self.cache_size:
+                self.cache.popitem(last=False)
+        return policy
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        site = not scope["path"].startswith(NOT_SITE)
+        held: dict | None = None
+        body: list[bytes] = []
+
+        async def wrapped(message):
+            nonlocal held
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-content-type-options"]
+                headers.append((b"x-content-type-options", b"nosniff"))
+                message = {**message, "headers": headers}
+                kind = dict((k.lower(), v) for k, v in headers).get(b"content-type", b"")
+                if site and kind.startswith(b"text/html"):
+                    held = message               # the policy names the page's inline scripts: wait for them
+                    return
+                if site:
+                    message["headers"].append((b"content-security-policy", SCRIPT_CSP.encode()))
+                return await send(message)
+            if held is not None and message["type"] == "http.response.body":
+                body.append(message.get("body", b""))
+                if message.get("more_body", False):
+                    return
+                html = b"".join(body)
+                held["headers"].append((b"content-security-policy", self._policy(html).encode()))
+                await send(held)
+                return await send({"type": "http.response.body", "body": html, "more_body": False})
+            return await send(message)
+
+        return await self.app(scope, receive, wrapped)
+
+
+async def _json(send, status: int, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def headers_file(site: Path) -> str:
+    """A `_headers` file (Netlify, Cloudflare Pages) giving each page of a built site its policy."""
+    lines = ["/*", "  X-Content-Type-Options: nosniff"]
+    # Hosts merge the headers of every rule a path matches, and two policies are both enforced, so each
+    # path gets exactly one Content-Security-Policy: its page's, or the plain one for the scripts it loads.
+    for page in sorted(site.rglob("*.html")):
+        rel = "/" + page.relative_to(site).as_posix()
+        paths = [rel, rel.removesuffix(".html")] + (["/"] if rel == "/index.html" else [])
+        for path in paths:
+            lines += [path, f"  Content-Security-Policy: {csp_for_html(page.read_bytes())}"]
+    for folder in sorted(p.name for p in site.iterdir() if p.is_dir() and not any(p.rglob("*.html"))):
+        lines += [f"/{folder}/*", f"  Content-Security-Policy: {SCRIPT_CSP}"]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(headers_file(Path(sys.argv[1] if len(sys.argv) > 1 else "build/site")), end="")
