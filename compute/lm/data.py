@@ -18,7 +18,6 @@ import torch
 from kvx.compute.lm.model import BOS
 
 SKIP_PARTS = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
-LOWER = "abcdefghijklmnopqrstuvwxyz"
 
 
 @cache
@@ -45,34 +44,57 @@ def text_sequence(data: bytes, length: int, rng: random.Random) -> list[int]:
     return [BOS] + list(data[start:start + length - 1])
 
 
-NEEDLE, SHOWN = 8, 2            # needle length, and how much of it the question repeats
+NEEDLE, SHOWN = 8, 2            # value length, and how much of it the question repeats
+# Values are spelled in 64 byte values (0x80-0xBF) that are 0.013% of the corpus (UTF-8 continuation
+# bytes in a few files), so a value cannot be guessed from the code around it: only a model that
+# still holds the line where it was set can answer.
+VALUE_BYTES = tuple(range(0x80, 0xC0))
+
+
+def _secret_line(i: int, value: list[int]) -> list[int]:
+    return list(f'SECRET_{i} = "'.encode()) + value + [ord('"'), ord("\n")]
 
 
 def recall_sequence(data: bytes, length: int, rng: random.Random, needles: int = 4) -> tuple[list[int], list[int]]:
-    """Code with `SECRET_k = "<8 random letters>"` lines planted in the first half; at the end each
-    needle is asked for again by its name and first two letters, and the model must continue it.
+    """A key-value lookup in code: `SECRET_k = "<8 value bytes>"` lines planted in the first half of a
+    stretch of stdlib code; at the end each key is asked for again with the first two bytes of its
+    value, and the model must continue it (the needle and RULER-style tests of the eviction papers).
 
-    Continuing a string seen earlier is what induction heads do, so a small model can learn it, and
-    it needs the needle's own tokens still in the cache: evict them and the answer is a guess.
-    Returns the token ids and the positions of the letters to recall (6 per needle).
+    Continuing a string seen earlier is what induction heads do, and it needs the value's own tokens
+    still in the cache: evict them and the answer is a guess (1 in 64). All value bytes in a sequence
+    are distinct. Returns the token ids and the positions of the bytes to recall (6 per needle).
     """
-    secrets = ["".join(rng.choice(LOWER) for _ in range(NEEDLE)) for _ in range(needles)]
+    pool = rng.sample(VALUE_BYTES, NEEDLE * needles)
+    values = [pool[i * NEEDLE:(i + 1) * NEEDLE] for i in range(needles)]
     order = rng.sample(range(needles), needles)
-    lines = [f'\nSECRET_{i} = "{secrets[i]}"' for i in order]
-    query = ("".join(lines) + "\n").encode()
+    query, answers = [ord("\n")], []
+    for i in order:
+        line = _secret_line(i, values[i])
+        first = len(query) + len(line) - 2 - NEEDLE               # the value's first byte
+        answers.extend(range(first + SHOWN, first + NEEDLE))
+        query += line
     filler = bytearray(data[(s := rng.randrange(0, len(data) - length)):s + length])
-    spots = sorted(rng.sample(range(8, length // 2), needles), reverse=True)
+    room = length - 1 - len(query)                              # the prompt's length
+    # In the first half, and early enough that the planted lines all end inside the prompt.
+    spots = sorted(rng.sample(range(8, min(length // 2, room - needles * len(_secret_line(0, values[0])))),
+                              needles), reverse=True)
     for spot, i in zip(spots, range(needles)):
         cut = filler.rfind(b"\n", 0, spot) + 1
-        filler[cut:cut] = f'SECRET_{i} = "{secrets[i]}"\n'.encode()
-    body = bytes(filler[:length - 1 - len(query)])
-    ids = [BOS] + list(body + query)
-    positions, offset = [], len(ids) - len(query)
-    for line in lines:
-        first = offset + len(line) - 1 - NEEDLE            # the needle's first letter
-        positions.extend(range(first + SHOWN, first + NEEDLE))
-        offset += len(line)
-    return ids, positions
+        filler[cut:cut] = bytes(_secret_line(i, values[i]))
+    body = list(filler[:room])
+    offset = 1 + len(body)
+    return [BOS] + body + query, [offset + a for a in answers]
+
+
+def copy_sequence(length: int, rng: random.Random) -> tuple[list[int], list[int]]:
+    """A random run of 8-32 distinct value bytes, repeated to fill the sequence: every token after the
+    first run is predictable only by copying, which is how induction heads are taught quickly
+    (Olsson et al., 2022, use the same repeated random tokens to find them). Returns the ids and the
+    predictable positions."""
+    n = rng.randrange(8, 33)
+    run = rng.sample(VALUE_BYTES, n)
+    ids = [BOS] + (run * (length // n + 1))[:length - 1]
+    return ids, list(range(1 + n, length))
 
 
 def query_start(positions: list[int]) -> int:
@@ -81,11 +103,27 @@ def query_start(positions: list[int]) -> int:
     return positions[0] - SHOWN - len('\nSECRET_0 = "')
 
 
-def batch(split: str, size: int, length: int, rng: random.Random, recall_share: float):
+def batch_with_answers(split: str, size: int, length: int, rng: random.Random, recall_share: float,
+                       copy_share: float = 0.0):
+    """ids [size, length] and, per row, the positions whose loss is weighted (recall answers)."""
     data = corpus()[split]
-    rows = [recall_sequence(data, length, rng)[0] if rng.random() < recall_share else text_sequence(data, length, rng)
-            for _ in range(size)]
-    return torch.tensor(rows, dtype=torch.long)
+    rows, answers = [], []
+    for _ in range(size):
+        r = rng.random()
+        if r < copy_share:
+            ids, _ = copy_sequence(length, rng)
+            pos = []
+        elif r < copy_share + recall_share:
+            ids, pos = recall_sequence(data, length, rng)
+        else:
+            ids, pos = text_sequence(data, length, rng), []
+        rows.append(ids)
+        answers.append(pos)
+    return torch.tensor(rows, dtype=torch.long), answers
+
+
+def batch(split: str, size: int, length: int, rng: random.Random, recall_share: float):
+    return batch_with_answers(split, size, length, rng, recall_share)[0]
 
 
 def recall_set(n: int, length: int, seed: int = 1234):

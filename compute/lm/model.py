@@ -42,18 +42,34 @@ class LMConfig:
     norm_eps: float = 1e-6
     qkv_bias: bool = False
     tie_embeddings: bool = True
+    # Cross-layer attention (Brandon et al., 2024): groups of kv_share layers use the KV of the group's
+    # first layer (the anchor); the followers have no K/V projections of their own. 1: no sharing.
+    kv_share: int = 1
+    # Token shift on the K/V inputs (Olsson et al. 2022's "smeared keys"; RWKV's time-mix): each cached
+    # key and value may mix in the previous token's input, so one layer can find "the token after
+    # the last time I saw this one", which is what copying and recall need. It changes what is
+    # cached, not how much: still one key and value (or latent) per token.
+    kv_shift: bool = False
 
     def __post_init__(self):
         if self.attention not in ("gqa", "mla"):
             raise ValueError(f"attention must be gqa or mla; got {self.attention!r}.")
         if self.attention == "gqa" and self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads}).")
+        if self.kv_share < 1:
+            raise ValueError(f"kv_share must be at least 1; got {self.kv_share}.")
+
+    def owns_kv(self, layer: int) -> bool:
+        return layer % self.kv_share == 0
+
+    def cached_layers(self) -> int:
+        return sum(self.owns_kv(i) for i in range(self.n_layers))
 
     def cache_numbers_per_token(self) -> int:
         """Numbers cached per token across all layers: the explainers' formula, for this model."""
         if self.attention == "mla":
-            return self.n_layers * (self.kv_latent + self.rope_dim)
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim
+            return self.cached_layers() * (self.kv_latent + self.rope_dim)
+        return 2 * self.cached_layers() * self.n_kv_heads * self.head_dim
 
 
 def next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -72,6 +88,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x1, x2 = x[..., 0::2], x[..., 1::2]
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return out.flatten(-2)
+
+
+class TokenShift(nn.Module):
+    """x_t + mix * (x_{t-1} - x_t), per channel; the first position sees zeros before it."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.mix = nn.Parameter(torch.full((dim,), 0.5))
+
+    def forward(self, x):
+        prev = F.pad(x, (0, 0, 1, 0))[:, :-1]
+        return x + self.mix * (prev - x)
 
 
 class RMSNorm(nn.Module):
@@ -103,25 +131,30 @@ def attend(q, k, v, need_weights: bool = False, mask=None):
 
 
 class GQAAttention(nn.Module):
-    def __init__(self, c: LMConfig):
+    def __init__(self, c: LMConfig, owns_kv: bool = True):
         super().__init__()
         self.c = c
+        self.owns_kv = owns_kv
         self.wq = nn.Linear(c.d_model, c.n_heads * c.head_dim, bias=c.qkv_bias)
-        self.wk = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
-        self.wv = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
+        if owns_kv:
+            self.wk = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
+            self.wv = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
+            if c.kv_shift:
+                self.shift_k, self.shift_v = TokenShift(c.d_model), TokenShift(c.d_model)
         self.wo = nn.Linear(c.n_heads * c.head_dim, c.d_model, bias=False)
 
     def kv(self, x, cos, sin):
         """What this layer caches: K (after RoPE) and V, [B, n_kv_heads, T, head_dim] each."""
         b, t, _ = x.shape
-        k = self.wk(x).view(b, t, self.c.n_kv_heads, self.c.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, t, self.c.n_kv_heads, self.c.head_dim).transpose(1, 2)
+        xk, xv = (self.shift_k(x), self.shift_v(x)) if self.c.kv_shift else (x, x)
+        k = self.wk(xk).view(b, t, self.c.n_kv_heads, self.c.head_dim).transpose(1, 2)
+        v = self.wv(xv).view(b, t, self.c.n_kv_heads, self.c.head_dim).transpose(1, 2)
         return {"k": apply_rope(k, cos, sin), "v": v}
 
     def forward(self, x, cos, sin, need_weights=False, mask=None, kv_transform=None):
         b, t, _ = x.shape
         q = apply_rope(self.wq(x).view(b, t, self.c.n_heads, self.c.head_dim).transpose(1, 2), cos, sin)
-        cache = self.kv(x, cos, sin)
+        cache = self.kv(x, cos, sin) if self.owns_kv else None      # a follower gets its anchor's below
         if kv_transform is not None:
             cache = kv_transform(cache)
         rep = self.c.n_heads // self.c.n_kv_heads
@@ -141,10 +174,13 @@ class MLAAttention(nn.Module):
         self.w_uk = nn.Linear(c.kv_latent, c.n_heads * c.head_dim, bias=False)   # latent -> per-head keys
         self.w_uv = nn.Linear(c.kv_latent, c.n_heads * c.head_dim, bias=False)   # latent -> per-head values
         self.wo = nn.Linear(c.n_heads * c.head_dim, c.d_model, bias=False)
+        if c.kv_shift:
+            self.shift_kv, self.shift_kr = TokenShift(c.d_model), TokenShift(c.d_model)
 
     def kv(self, x, cos, sin):
         """What this layer caches: the latent [B, T, kv_latent] and the RoPE key [B, T, rope_dim]."""
-        return {"latent": self.kv_norm(self.w_dkv(x)), "k_rope": apply_rope(self.w_kr(x), cos, sin)}
+        xkv, xkr = (self.shift_kv(x), self.shift_kr(x)) if self.c.kv_shift else (x, x)
+        return {"latent": self.kv_norm(self.w_dkv(xkv)), "k_rope": apply_rope(self.w_kr(xkr), cos, sin)}
 
     def split_query(self, x, cos, sin):
         b, t, _ = x.shape
@@ -172,10 +208,12 @@ class MLAAttention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, c: LMConfig):
+    def __init__(self, c: LMConfig, owns_kv: bool = True):
         super().__init__()
         self.norm1, self.norm2 = RMSNorm(c.d_model, c.norm_eps), RMSNorm(c.d_model, c.norm_eps)
-        self.attn = GQAAttention(c) if c.attention == "gqa" else MLAAttention(c)
+        if c.attention == "mla" and not owns_kv:
+            raise ValueError("trained-in KV sharing (kv_share > 1) is implemented for GQA models only.")
+        self.attn = GQAAttention(c, owns_kv) if c.attention == "gqa" else MLAAttention(c)
         hidden = c.mlp_hidden or c.mlp_mult * c.d_model
         self.up = nn.Linear(c.d_model, 2 * hidden, bias=False)
         self.down = nn.Linear(hidden, c.d_model, bias=False)
@@ -192,7 +230,7 @@ class TinyLM(nn.Module):
         super().__init__()
         self.c = c
         self.embed = nn.Embedding(c.vocab, c.d_model)
-        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.blocks = nn.ModuleList(Block(c, c.owns_kv(i)) for i in range(c.n_layers))
         self.norm = RMSNorm(c.d_model, c.norm_eps)
         self.head = None if c.tie_embeddings else nn.Linear(c.d_model, c.vocab, bias=False)
         rope = c.head_dim if c.attention == "gqa" else c.rope_dim
@@ -219,8 +257,19 @@ class TinyLM(nn.Module):
         x = self.embed(ids)
         cos, sin = self.cos[:t], self.sin[:t]
         weights, caches = [], []
+        anchors = {}
+
+        def layer_transform(i, cache):
+            if not self.c.owns_kv(i):                      # trained-in sharing: the anchor's (transformed) KV
+                return anchors[i - i % self.c.kv_share]
+            anchors[i] = cache if kv_transform is None else kv_transform(i, cache)
+            return anchors[i]
+
         for i, block in enumerate(self.blocks):
-            transform = None if kv_transform is None else (lambda cache, i=i: kv_transform(i, cache))
+            if self.c.kv_share > 1:
+                transform = lambda cache, i=i: layer_transform(i, cache)
+            else:
+                transform = None if kv_transform is None else (lambda cache, i=i: kv_transform(i, cache))
             x, w, cache = block(x, cos, sin, need_weights, None if masks is None else masks[i], transform)
             weights.append(w)
             caches.append(cache)

@@ -1,6 +1,7 @@
 """Each kernel against its naive reference, at stated tolerances (float32 on the CPU)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -198,5 +199,21 @@ def test_training_configs_cache_what_the_formula_says():
     for c in CONFIGS.values():
         ids = torch.randint(0, 256, (1, 8))
         _, _, caches = TinyLM(c)(ids, need_weights=True)
-        numbers = sum(sum(v.numel() for v in cache.values()) for cache in caches) // 8
+        distinct = {id(cache): cache for cache in caches}.values()        # shared layers hold one cache
+        numbers = sum(sum(v.numel() for v in cache.values()) for cache in distinct) // 8
         assert numbers == c.cache_numbers_per_token()
+
+
+def test_trained_in_sharing_is_imposed_sharing_on_the_same_weights():
+    """A kv_share=2 model (followers have no K/V projections) computes exactly what a plain model with
+    the same weights computes when its followers are made to reuse their anchor's cache."""
+    torch.manual_seed(0)
+    shared = TinyLM(LMConfig("t-cla", "gqa", d_model=64, n_layers=4, n_heads=4, head_dim=16, n_kv_heads=2,
+                             max_len=64, kv_share=2)).eval()
+    plain = TinyLM(dataclasses.replace(shared.c, kv_share=1)).eval()
+    missing = plain.load_state_dict(shared.state_dict(), strict=False).missing_keys
+    assert sorted(missing) == [f"blocks.{i}.attn.{w}.weight" for i in (1, 3) for w in ("wk", "wv")]
+    ids = torch.randint(0, 256, (2, 48), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(shared(ids), plain(ids, kv_transform=crosslayer.sharing_transform(2)),
+                               atol=0, rtol=0)
+    assert shared.c.cache_numbers_per_token() == plain.c.cache_numbers_per_token() // 2
