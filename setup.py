@@ -11,5 +11,5 @@ packages = [f"kvx.{p}" for p in find_packages(include=[f"{t}*" for t in TOP])]
 setup(
     packages=packages,
     package_dir={"kvx": "."},
-    package_data={"kvx.explainers": ["*/page.md"], "kvx.site": ["templates/*"]},
+    package_data={"kvx.explainers": ["*/page.md", "*/baked.json", "*/*.jsonl"], "kvx.site": ["templates/*"]},
 )

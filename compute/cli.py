@@ -2,6 +2,7 @@
 
     kvx list [--json]
     kvx run SLUG name=value ... [--json] [--trace FILE]
+    kvx bake [SLUG ...]
     kvx build [OUT]
     kvx serve [--host 127.0.0.1] [--port 8000] [--site build/site]
     kvx train NAME [--steps N] [--threads N] [--seed N] [--out DIR]
@@ -103,6 +104,18 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_bake(args) -> int:
+    from kvx.compute.bake import BAKERS, write
+    unknown = [s for s in args.slugs if s not in BAKERS]
+    if unknown:
+        print(f"kvx: nothing to bake for {', '.join(unknown)}; the pages with kernel results are "
+              f"{', '.join(BAKERS)}.", file=sys.stderr)
+        return 2
+    for slug in args.slugs or BAKERS:
+        print(f"baked {slug} -> {write(slug)}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="kvx", description="KV-cache explainers you can run.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -115,6 +128,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--trace", metavar="FILE", help="a Mooncake-format trace (JSONL) for explainers that replay one")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("bake", help="run the real kernels for the pages that draw their results")
+    p.add_argument("slugs", nargs="*", metavar="SLUG")
+    p.set_defaults(func=cmd_bake)
     p = sub.add_parser("build", help="build the static site")
     p.add_argument("out", nargs="?", default=str(DEFAULT_SITE))
     p.set_defaults(func=cmd_build)

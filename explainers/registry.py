@@ -10,8 +10,10 @@ from typing import Any, Callable
 
 from .agent_sessions import model as agent_sessions
 from .cache_renting import model as cache_renting
+from .cross_layer import model as cross_layer
 from .cross_model import model as cross_model
 from .disaggregation import model as disaggregation
+from .eviction import model as eviction
 from .load_balancer import model as load_balancer
 from .mla import model as mla
 from .paging import model as paging
@@ -178,6 +180,36 @@ REGISTRY: dict[str, Explainer] = {e.slug: e for e in [
         page_data=cross_model.page_data,
         describe_run=cross_model.describe_run,
         glossary=("cross-model-kv-cache-transfer", "kv-cache", "ttft", "gqa"),
+    ),
+    Explainer(
+        slug="cross-layer",
+        title="Share the cache across layers",
+        level="advanced",
+        claim=("Letting pairs of layers attend with one cached K and V halves the KV cache again, multiplying "
+               "with GQA, MLA, quantization and eviction, and a model trained to share keeps most of its quality, "
+               "but imposed on a model trained without it the same sharing costs far more, even where the "
+               "layers' caches hold similar information."),
+        params=cross_layer.CrossLayerParams,
+        evaluate=cross_layer.evaluate,
+        page_data=cross_layer.page_data,
+        describe_run=cross_layer.describe_run,
+        glossary=("cross-layer-kv-sharing", "cka", "gqa", "mla", "kv-cache-quantization", "cache-eviction",
+                  "kv-cache"),
+    ),
+    Explainer(
+        slug="eviction",
+        title="Keep the sinks, keep the heavy hitters",
+        level="advanced",
+        claim=("A bounded KV cache keeps a budget of the prompt's tokens by a rule (StreamingLLM the first few "
+               "\"sink\" tokens and the most recent, H2O the most-attended \"heavy hitters\", SnapKV what the "
+               "prompt's end attends to), and on a real model the rule matters less to the average loss than to a "
+               "question asked after the cut, which finds its answer only if the policy happened to keep it."),
+        params=eviction.EvictionParams,
+        evaluate=eviction.evaluate,
+        page_data=eviction.page_data,
+        frame_data=eviction.frame_data,
+        describe_run=eviction.describe_run,
+        glossary=("cache-eviction", "attention-sink", "heavy-hitter", "kv-cache", "gqa"),
     ),
 ]}
 

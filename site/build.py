@@ -19,6 +19,7 @@ import markdown
 from bokeh.embed import components
 
 from kvx.compute import VERSION
+from kvx.explainers.core import baked
 from kvx.explainers.registry import LEVELS, REGISTRY, Explainer
 from kvx.site.model_wheel import build_model_wheel
 from kvx.site.vendor import vendor_bokeh, vendor_pyodide
@@ -77,6 +78,22 @@ def bake_measurement(e: Explainer, params, data: dict) -> None:
                                    + e.describe_run(params, reply)}
 
 
+def fresh_bakes() -> dict[str, str]:
+    """Run the real kernels for every page that draws their results; the fresh results replace the
+    committed copies in this build's wheel and baked page data. Without PyTorch, the committed copies
+    (each labelled with the device and date it was baked on) are used as they are."""
+    try:
+        from kvx.compute.bake import BAKERS, bake
+    except ImportError:
+        return {}
+    out = {}
+    for slug in BAKERS:
+        data = bake(slug)
+        baked.override(slug, data)
+        out[f"kvx/explainers/{baked.package(slug)}/{baked.FILE}"] = json.dumps(data, sort_keys=True)
+    return out
+
+
 def render_explainer(env: jinja2.Environment, e: Explainer, bokeh_js: list[str], wheel_name: str,
                      terms: dict[str, Term]) -> str:
     params = e.params()
@@ -100,15 +117,21 @@ def render_explainer(env: jinja2.Environment, e: Explainer, bokeh_js: list[str],
 
 def build(out: Path) -> Path:
     out = Path(out)
-    for name in ("vendor", "static", "wheels"):
+    for name in ("vendor", "static", "wheels", "api"):
         shutil.rmtree(out / name, ignore_errors=True)
     for old in out.glob("*.html"):
         old.unlink()
     out.mkdir(parents=True, exist_ok=True)
     vendor_pyodide(out / "vendor" / "pyodide")
     bokeh_js = vendor_bokeh(out / "vendor" / "bokeh")
-    wheel = build_model_wheel(out / "wheels", VERSION)
+    wheel = build_model_wheel(out / "wheels", VERSION, fresh_bakes())
     shutil.copytree(STATIC_DIR, out / "static")
+    # On a plain static host the pages' probe for a compute server finds this file instead of a 404
+    # (which the browser would log as an error); under `kvx serve` the real endpoint answers first.
+    health = out / "api" / "v1" / "health"
+    health.parent.mkdir(parents=True, exist_ok=True)
+    health.write_text(json.dumps({"status": "static", "message": "This copy of the site has no kvx compute "
+                                  "server; pages show the measurements baked when it was built."}))
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(SITE_DIR / "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined)

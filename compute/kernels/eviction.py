@@ -130,14 +130,16 @@ def masks_for(model, weights: list[torch.Tensor], prefix: int, policy: Policy, b
 
 @torch.no_grad()
 def evaluate(model, ids: torch.Tensor, prefix: int, policy: Policy, budget_fraction: float, seed: int = 0,
-             answer_positions: torch.Tensor | None = None) -> dict:
+             answer_positions: torch.Tensor | None = None, full: tuple | None = None) -> dict:
     """Loss and top-1 agreement on the continuation, with the prefix cut to a budget by the policy.
 
     answer_positions: optional [B, k] positions (recall values) to score recall on: the share of
     answer bytes right, and of sequences with every answer right.
+    full: optional (logits, weights) of `model(ids, need_weights=True)` already computed, so a sweep over
+    policies and budgets on the same ids runs the full-cache forward once.
     """
     budget = max(1, round(budget_fraction * prefix))
-    full_logits, weights, _ = model(ids, need_weights=True)
+    full_logits, weights = full if full is not None else model(ids, need_weights=True)[:2]
     generator = torch.Generator().manual_seed(seed)
     masks, kept = masks_for(model, weights, prefix, policy, budget, generator)
     logits = model(ids, masks=masks)

@@ -1,0 +1,41 @@
+"""Results of the real kernels, baked by `kvx bake` (and again by every site build) for the pages to draw.
+
+A page whose heavy part runs on the compute server (attention maps of a trained model, measured loss
+against cache budget) cannot compute it in the browser. The build runs the kernels in CPython with
+PyTorch and ships the result as `baked.json` beside the explainer's model; the model reads it here,
+with the standard library only, so the browser, `kvx run` and the tests all draw the same numbers.
+The committed copy is what a checkout without PyTorch uses; a test re-runs the kernels and checks
+that it still matches, so it is never typed in by hand.
+"""
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+
+FILE = "baked.json"
+_overrides: dict[str, dict] = {}        # the site build's fresh results, which win over the committed copy
+
+
+def package(slug: str) -> str:
+    return slug.replace("-", "_")
+
+
+def override(slug: str, data: dict) -> None:
+    _overrides[slug] = data
+    _committed.cache_clear()
+
+
+@cache
+def _committed(slug: str) -> dict:
+    path = resources.files(f"kvx.explainers.{package(slug)}").joinpath(FILE)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{slug} has no baked kernel results yet: run `kvx bake {slug}` "
+                                "(it needs PyTorch and the trained checkpoints).") from None
+
+
+def load(slug: str) -> dict:
+    """The baked results for an explainer: {"provenance": {...}, ...whatever its baker returned}."""
+    return _overrides[slug] if slug in _overrides else _committed(slug)

@@ -1,0 +1,605 @@
+"""Keep the sinks, keep the heavy hitters: which tokens a bounded KV cache keeps, and what it costs.
+
+An eviction policy keeps a budget of a prompt's tokens in each layer's cache and drops the rest; the
+tokens after the prompt then attend only to what was kept. Which tokens a policy keeps, and what that
+costs in loss, agreement and recall, cannot be computed in a browser: it needs a trained model's real
+attention. So the numbers here are the project's own trained model (`gqa-large`) run through the real
+kernels (compute/kernels/eviction.py) at build time by compute/bakers/eviction.py, and stored in
+baked.json with the device they ran on. This module only selects, arranges and words them.
+Standard library only: this module runs in the browser.
+"""
+from __future__ import annotations
+
+import dataclasses
+import html
+import math
+
+from ..core import baked
+from ..core.params import ParamError, Params, choice, integer, number
+from ..core.units import bytes_si, thousands
+
+SLUG = "eviction"
+POLICIES = ("full", "random", "streaming_llm", "no_sinks", "h2o", "snapkv")
+TITLES = {
+    "full": "full cache",
+    "random": "random",
+    "streaming_llm": "StreamingLLM (4 sinks + recent)",
+    "no_sinks": "StreamingLLM, sinks evicted (recent only)",
+    "h2o": "H2O (heavy hitters + recent)",
+    "snapkv": "SnapKV (what the prompt's end attends to)",
+}
+SHORT = {"full": "full cache", "random": "random", "streaming_llm": "StreamingLLM", "no_sinks": "no sinks",
+         "h2o": "H2O", "snapkv": "SnapKV"}
+PROSE = {"full": "the full cache", "random": "random eviction", "streaming_llm": "StreamingLLM",
+         "no_sinks": "StreamingLLM without its sinks", "h2o": "H2O", "snapkv": "SnapKV"}
+LAYERS, KV_HEADS = 4, 2          # gqa-large (compute/lm/train.py CONFIGS; a test checks the baked config)
+BYTES_PER_NUMBER = 2             # the cache in bf16, as the kernel counts its bytes
+SINK_TOKENS = 4
+
+
+def data() -> dict:
+    """The baked kernel results (the site build's fresh ones when it has made them)."""
+    return baked.load(SLUG)
+
+
+def budget_percents() -> list[int]:
+    return [round(b * 100) for b in data()["budgets"]]
+
+
+@dataclasses.dataclass(frozen=True)
+class EvictionParams(Params):
+    policy: str = choice("h2o", POLICIES, help="Which tokens the cache keeps: " + "; ".join(
+        f"{k} = {v}" for k, v in TITLES.items()))
+    budget: float = number(20, unit="% of the prompt", min=5, max=100,
+                           help="Share of the prompt's tokens kept, snapped to the nearest measured budget "
+                                "(5, 10, 20, 35, 50 or 100%)")
+    layer: int = integer(1, unit="layer", min=0, max=LAYERS - 1, help="Which layer's attention and cache to show")
+    kv_head: int = integer(0, unit="KV head", min=0, max=KV_HEADS - 1,
+                           help="Which KV head's kept tokens to show (each KV head keeps its own)")
+
+    def __post_init__(self):
+        super().__post_init__()
+        c = data()["config"]
+        if self.layer >= c["n_layers"]:
+            raise ParamError("layer", f"layer must be between 0 and {c['n_layers'] - 1}; got {self.layer}.")
+        if self.kv_head >= c["n_kv_heads"]:
+            raise ParamError("kv_head", f"kv_head must be between 0 and {c['n_kv_heads'] - 1}; got {self.kv_head}.")
+
+
+def snapped(budget: float) -> int:
+    """The index of the measured budget nearest to `budget` percent (the lower one on a tie)."""
+    pcts = budget_percents()
+    return min(range(len(pcts)), key=lambda i: (abs(pcts[i] - budget), pcts[i]))
+
+
+def budget_tokens(fraction: float, prompt: int) -> int:
+    """The kernel's rule (compute/kernels/eviction.py evaluate): max(1, round(fraction × prompt))."""
+    return max(1, round(fraction * prompt))
+
+
+def unhex(mask: str, n: int) -> list[bool]:
+    """A hex bit mask (position 0 the top bit of the first digit) as n booleans."""
+    bits = "".join(f"{int(ch, 16):04b}" for ch in mask)
+    return [b == "1" for b in bits[:n]]
+
+
+def kept_mask(policy: str, i: int, layer: int, kv_head: int) -> list[bool]:
+    """Which prompt tokens of the shown recall sequence this policy keeps at budget index i."""
+    d = data()
+    n = d["shown"]["prefix"]
+    if policy == "full" or d["budgets"][i] >= 1.0:
+        return [True] * n
+    return unhex(d["shown"]["kept"][policy][i][layer][kv_head], n)
+
+
+def runs(flags: list[bool]) -> list[tuple[int, int, bool]]:
+    """Consecutive equal flags as (start, end, flag)."""
+    out, start = [], 0
+    for j in range(1, len(flags) + 1):
+        if j == len(flags) or flags[j] != flags[start]:
+            out.append((start, j, flags[start]))
+            start = j
+    return out
+
+
+# ---- results ------------------------------------------------------------------------------------------
+def evaluate(p: EvictionParams) -> dict:
+    d = data()
+    i = snapped(p.budget)
+    text, recall = d["text"], d["recall"]
+    t, r = text["results"][p.policy], recall["results"][p.policy]
+    full_t, full_r = text["results"]["full"], recall["results"]["full"]
+    kept = kept_mask(p.policy, i, p.layer, p.kv_head)
+    needle_positions = [j for s, e in d["shown"]["needles"] for j in range(s, e)]
+    sinks = d["sinks"][p.layer]
+    per_token = d["config"]["cache_numbers_per_token"] * BYTES_PER_NUMBER
+    return {
+        "budget_percent": budget_percents()[i],
+        "budget_fraction": d["budgets"][i],
+        "snapped": budget_percents()[i] != p.budget,
+        "text_prompt_tokens": text["prefix"],
+        "recall_prompt_tokens": recall["prefix"],
+        "text_budget_tokens": t["budget_tokens"][i],
+        "recall_budget_tokens": r["budget_tokens"][i],
+        "kept_tokens": recall["prefix"] if p.policy == "full" else r["budget_tokens"][i],
+        "text_loss_bits": t["loss_bits"][i],
+        "text_full_loss_bits": full_t["loss_bits"][i],
+        "text_loss_delta_bits": round(t["loss_bits"][i] - full_t["loss_bits"][i], 6),
+        "text_top1": t["top1"][i],
+        "recall_byte_acc": r["recall_byte_acc"][i],
+        "recall_exact": r["recall_exact"][i],
+        "recall_full_byte_acc": full_r["recall_byte_acc"][i],
+        "recall_loss_bits": r["loss_bits"][i],
+        "recall_top1": r["top1"][i],
+        "recall_chance": recall["chance"],
+        "cache_bytes_per_token": per_token,
+        "cache_bytes_kept": (recall["prefix"] if p.policy == "full" else r["budget_tokens"][i]) * per_token,
+        "cache_bytes_full": recall["prefix"] * per_token,
+        "shown_kept": sum(kept),
+        "needle_tokens": len(needle_positions),
+        "needle_tokens_kept": sum(kept[j] for j in needle_positions if j < len(kept)),
+        "sink_share_first_token": sinks["first_token"],
+        "sink_share_first_4": sinks["first_4"],
+        "uniform_share_first_4": sinks["uniform_first_4"],
+        "top1pct_share": sinks["top1pct"],
+        "device": d["provenance"]["device"],
+        "model": d["provenance"].get("model", "gqa-large"),
+    }
+
+
+def provenance_label() -> str:
+    pr = data()["provenance"]
+    return (f"measured on {pr['device']} with torch {pr['torch']}, model {pr.get('model', 'gqa-large')}, "
+            f"baked {pr['baked_on']} by `{pr['command']}`")
+
+
+# ---- what the page draws --------------------------------------------------------------------------------
+def curves() -> dict:
+    d = data()
+    out = {"budget": budget_percents()}
+    for name in POLICIES:
+        out[f"loss_{name}"] = d["text"]["results"][name]["loss_bits"]
+        out[f"top1_{name}"] = d["text"]["results"][name]["top1"]
+        out[f"recall_{name}"] = d["recall"]["results"][name]["recall_byte_acc"]
+    return out
+
+
+def attention_cells(layer: int) -> dict:
+    """The layer's binned attention map (lower triangle) as rectangles: centre, size, mass."""
+    d = data()["shown"]
+    b = d["map_bin"]
+    cells = d["map"][layer]
+    n = int((math.isqrt(8 * len(cells) + 1) - 1) // 2)
+    x, y, mass = [], [], []
+    k = 0
+    for i in range(n):
+        for j in range(i + 1):
+            x.append(j * b + b / 2)
+            y.append(i * b + b / 2)
+            mass.append(max(cells[k], 1e-6))
+            k += 1
+    return {"x": x, "y": y, "mass": mass}
+
+
+def evicted_band(kept: list[bool], top: int) -> dict:
+    """Evicted prompt tokens as columns over the queries after the prompt, which cannot see them."""
+    prefix = len(kept)
+    cols = {"left": [], "right": [], "bottom": [], "top": []}
+    for s, e, flag in runs(kept):
+        if not flag:
+            cols["left"].append(s)
+            cols["right"].append(e)
+            cols["bottom"].append(prefix)
+            cols["top"].append(top)
+    return cols
+
+
+def strip(kept: list[bool]) -> dict:
+    cols = {"left": [], "right": [], "state": []}
+    for s, e, flag in runs(kept):
+        cols["left"].append(s)
+        cols["right"].append(e)
+        cols["state"].append("kept" if flag else "evicted")
+    return cols
+
+
+def received(p: EvictionParams, kept: list[bool]) -> dict:
+    """Per prompt token of the shown sequence: the mean attention the questions give it, and the attention
+    summed over the prompt's own queries (H2O's score), in this layer and KV head."""
+    d = data()["shown"]
+    mass = d["received"][p.layer][p.kv_head]
+    return {"x": list(range(len(mass))), "mass": [max(m, 1e-6) for m in mass],
+            "score": [max(m, 1e-4) for m in d["accumulated"][p.layer][p.kv_head]],
+            "state": ["kept" if k else "evicted" for k in kept], "char": list(d["chars"][:len(mass)])}
+
+
+def sinks_source() -> dict:
+    s = data()["sinks"]
+    return {"layer": [f"layer {x['layer']}" for x in s],
+            "first_4": [x["first_4"] * 100 for x in s], "uniform": [x["uniform_first_4"] * 100 for x in s],
+            "first_token": [x["first_token"] * 100 for x in s], "top1pct": [x["top1pct"] * 100 for x in s],
+            "label": [f"{x['first_4']:.1%} (uniform {x['uniform_first_4']:.1%})" for x in s]}
+
+
+def page_data(p: EvictionParams) -> dict:
+    d = data()
+    r = evaluate(p)
+    i = snapped(p.budget)
+    kept = kept_mask(p.policy, i, p.layer, p.kv_head)
+    seq_len = d["config"]["seq_len"]
+    at = frame_data(p, frames() - 1)            # open on the whole run; reset steps from the cut
+    here = {"budget": [r["budget_percent"]], "loss": [r["text_loss_bits"]], "top1": [r["text_top1"]],
+            "recall": [r["recall_byte_acc"]],
+            "label": [f"{SHORT[p.policy]} at {r['budget_percent']}%: {r['text_loss_bits']:.3f} bits/byte"]}
+    full_loss = d["text"]["results"]["full"]["loss_bits"][0]
+    full_recall = d["recall"]["results"]["full"]["recall_byte_acc"][0]
+    return {
+        **at,
+        "sources": {
+            **at["sources"],
+            "curve": curves(),
+            "reference": {"budget": [0, 100], "loss": [full_loss, full_loss], "top1": [1.0, 1.0],
+                          "recall": [full_recall, full_recall], "chance": [d["recall"]["chance"]] * 2},
+            "here": here,
+            "map": attention_cells(p.layer),
+            "band": evicted_band(kept, seq_len),
+            "strip": strip(kept),
+            "needles": {"left": [s for s, _ in d["shown"]["needles"]], "right": [e for _, e in d["shown"]["needles"]]},
+            "received": received(p, kept),
+            "sinks": sinks_source(),
+        },
+        "ranges": {},
+        "formula": formula(p, r),
+        "readouts": readouts(p, r),
+        "notes": notes(p, r),
+        "texts": {**at["texts"], "findings": findings(p), "provenance": provenance_html(),
+                  "rule": rule_text(p)},
+        "run": {"kernel": "eviction", "request": run_request(p)},
+    }
+
+
+# ---- decoding with a bounded cache: on-demand frames -----------------------------------------------------
+def decode_state(policy: str, layer: int, kv_head: int) -> dict:
+    """Each position's entry and eviction step in the decode simulation, for one layer and KV head."""
+    dec = data()["decode"]
+    pol = dec["policies"][policy]
+    prompt, length = dec["prompt"], dec["length"]
+    cut = unhex(pol["cut"][layer][kv_head], prompt)
+    victims = [int(pol["victims"][layer][kv_head][k:k + 2], 16) for k in range(0, len(pol["victims"][layer][kv_head]), 2)]
+    enter = [0] * prompt + [t - prompt + 1 for t in range(prompt, length)]
+    leave = [None if cut[j] else 0 for j in range(prompt)] + [None] * (length - prompt)
+    for step, v in enumerate(victims, start=1):
+        if v != 0xFF:
+            leave[v] = step
+    return {"enter": enter, "leave": leave, "victims": victims, "cut": cut}
+
+
+def streaming_cache(sinks: int, size: int, generating: int) -> list[int]:
+    """StreamingLLM's rolling cache (Xiao et al., sec. 3.2, Figure 4): the KV positions held while generating
+    token `generating` with `size` slots, the first `sinks` of them never evicted."""
+    recent = max(sinks, generating - (size - sinks))
+    return list(range(min(sinks, generating))) + list(range(recent, generating))
+
+
+def cached_at(state: dict, k: int) -> list[int]:
+    """Positions in the cache at frame k (after step k's eviction)."""
+    return [j for j, (e, l) in enumerate(zip(state["enter"], state["leave"])) if e <= k and (l is None or l > k)]
+
+
+def frames() -> int:
+    dec = data()["decode"]
+    return dec["length"] - dec["prompt"] + 1
+
+
+def _char(ch: str) -> str:
+    """A baked display character in words where a font may lack its glyph."""
+    return {" ": "a space", "⏎": "a newline", "␂": "the start token", "⇥": "a tab", "◆": "a value byte"}.get(ch, ch)
+
+
+def frame_data(p: EvictionParams, frame: int) -> dict:
+    """Frame k: the cache after decode step k (k = 0: the cut at the end of the prompt)."""
+    dec = data()["decode"]
+    prompt, length = dec["prompt"], dec["length"]
+    k = max(0, min(frames() - 1, int(frame)))
+    st = decode_state(p.policy, p.layer, p.kv_head)
+    life = {"left": [], "right": [], "bottom": [], "top": [], "state": []}
+    for j in range(length):
+        e, l = st["enter"][j], st["leave"][j]
+        if e > k or l == 0:
+            continue
+        gone = l is not None and l <= k
+        life["left"].append(j)
+        life["right"].append(j + 1)
+        life["bottom"].append(e)
+        life["top"].append((l if gone else k + 1))
+        life["state"].append("evicted" if gone else ("sink" if j < SINK_TOKENS and p.policy == "streaming_llm"
+                                                    else "cached"))
+    cut = {"left": [j for j in range(prompt) if st["leave"][j] == 0],
+           "right": [j + 1 for j in range(prompt) if st["leave"][j] == 0]}
+    cut["bottom"], cut["top"] = [-1.0] * len(cut["left"]), [0.0] * len(cut["left"])
+    now = cached_at(st, k)
+    chars = dec["chars"]
+    pol = dec["policies"][p.policy]
+    steps = len(pol["loss_bits"])
+    cumulative = {"step": [], "policy": [], "full": []}
+    a = b = 0.0
+    for s in range(steps):
+        a += pol["loss_bits"][s]
+        b += dec["policies"]["full"]["loss_bits"][s]
+        cumulative["step"].append(s + 1)
+        cumulative["policy"].append(a / (s + 1))
+        cumulative["full"].append(b / (s + 1))
+    victim = st["victims"][k - 1] if k >= 1 and st["victims"][k - 1] != 0xFF else None
+    marks = {"x": [], "y": [], "what": []}
+    if k >= 1:
+        marks["x"].append(prompt + k - 1 + 0.5)
+        marks["y"].append(k + 0.5)
+        marks["what"].append("new token")
+    if victim is not None:
+        marks["x"].append(victim + 0.5)
+        marks["y"].append(k + 0.5)
+        marks["what"].append("evicted now")
+    return {
+        "sources": {"life": life, "cut": cut, "marks": marks,
+                    "cursor": {"step": [k, k], "bits": [0, max(cumulative["policy"] + cumulative["full"] + [1])]},
+                    "steploss": cumulative},
+        "animation": {"mode": "on_demand", "frames": frames(), "frame": k,
+                      "caption": caption(p, k, st, now, victim)},
+        "texts": {"decode_text": decode_html(chars, now, k, prompt, victim)},
+    }
+
+
+def caption(p: EvictionParams, k: int, st: dict, now: list[int], victim: int | None) -> str:
+    dec = data()["decode"]
+    prompt, budget, chars = dec["prompt"], dec["budget"], dec["chars"]
+    pol = dec["policies"][p.policy]
+    where = f"layer {p.layer}, KV head {p.kv_head}"
+    if k == 0:
+        kept = [j for j in range(prompt) if st["cut"][j]]
+        first = kept[:6]
+        return (f"Step 0/{frames() - 1}: the {prompt}-byte prompt was prefilled with the full cache. At its end "
+                f"{TITLES[p.policy]} keeps {len(kept)} of its {prompt} tokens ({where}; positions "
+                f"{', '.join(map(str, first))}{', …' if len(kept) > len(first) else ''}). The cache holds "
+                f"{'every token' if p.policy == 'full' else f'{budget} tokens'} from here on.")
+    t = prompt + k - 1
+    before = len(cached_at(st, k - 1))
+    text = (f"Step {k}/{frames() - 1}: the byte at position {t} ({_quoted(chars[t])}) attends to "
+            f"{'every earlier token' if p.policy == 'full' else f'the {before} cached tokens'} and itself")
+    if victim is not None:
+        text += (f", then {PROSE[p.policy]} evicts position {victim} ({_quoted(chars[victim])}): it "
+                 f"{data()['decode']['rules'][p.policy]}")
+    text += "."
+    if k - 1 < len(pol["predicted"]):
+        guess, full_guess = pol["predicted"][k - 1], dec["policies"]["full"]["predicted"][k - 1]
+        text += (f" It predicts {_quoted(_byte(guess))} next (the full cache: {_quoted(_byte(full_guess))}); "
+                 f"mean loss so far "
+                 f"{sum(pol['loss_bits'][:k]) / k:.2f} bits/byte against "
+                 f"{sum(dec['policies']['full']['loss_bits'][:k]) / k:.2f} with the full cache.")
+    return text
+
+
+def _quoted(ch: str) -> str:
+    """One byte for a caption: quoted if it is a printable character, in words otherwise."""
+    word = _char(ch) if len(ch) == 1 else ch
+    return f"“{word}”" if len(word) == 1 else word
+
+
+def _byte(b: int) -> str:
+    if b == 10:
+        return "a newline"
+    if b == 32:
+        return "a space"
+    return chr(b) if 32 < b < 127 else f"0x{b:02x}"
+
+
+def decode_html(chars: str, now: list[int], k: int, prompt: int, victim: int | None) -> str:
+    """The decoded text so far, cached bytes highlighted, the evicted faded, the newest outlined."""
+    cached = set(now)
+    t = prompt + k - 1 if k >= 1 else prompt - 1
+    parts = []
+    for j, ch in enumerate(chars[:t + 1]):
+        style = ("background:#bbf7d0;" if j in cached else "color:#9ca3af;")
+        if j == victim:
+            style = "background:#fecaca;text-decoration:line-through;"
+        if j == t:
+            style += "outline:2px solid #111827;"
+        shown = "BOS" if ch == "␂" else ch
+        parts.append(f'<span style="{style}">{html.escape(shown)}</span>')
+        if ch == "⏎":
+            parts.append("<br>")
+    return ('<div style="font-family:ui-monospace,monospace;font-size:15px;line-height:1.6;white-space:pre-wrap">'
+            + "".join(parts) + "</div>")
+
+
+# ---- words and formulas ---------------------------------------------------------------------------------
+def rule_text(p: EvictionParams) -> str:
+    d = data()
+    s = d["settings"]
+    rules = {
+        "full": "Keeps every prompt token: the reference every other policy is scored against.",
+        "random": f"Keeps a uniformly random {budget_percents()[snapped(p.budget)]}% of the prompt per layer and KV "
+                  f"head (seeded, seed "
+                  f"{s['random_seed']}): the floor a policy must beat.",
+        "streaming_llm": f"Keeps the first {s['sinks']} tokens (the attention sinks) and the most recent ones "
+                         "(Xiao et al., ICLR 2024, sec. 3.2).",
+        "no_sinks": "StreamingLLM with its sinks evicted: only the most recent tokens, i.e. window attention "
+                    "(Xiao et al., sec. 3.1 and Table 2: window attention fails once the first tokens go).",
+        "h2o": f"Keeps the tokens with the most attention accumulated over all the prompt's queries (the heavy "
+               f"hitters), plus the most recent {s['h2o_recent_share']:.0%} of the budget (Zhang et al., "
+               "NeurIPS 2023, sec. 3.2 and 4.1).",
+        "snapkv": f"Keeps the tokens the prompt's last {s['snapkv_window']} queries (its observation window) "
+                  f"attend to most, max-pooled over {s['snapkv_kernel']} neighbours, plus the window itself "
+                  "(Li et al., NeurIPS 2024, sec. 4.1 and 4.3).",
+    }
+    return f"<b>{TITLES[p.policy]}.</b> {rules[p.policy]}"
+
+
+def formula(p: EvictionParams, r: dict) -> list[dict]:
+    d = data()
+    c = d["config"]
+    f = r["budget_fraction"]
+    n_text = d["text"]["sequences"] * (d["text"]["continuation"] - 1)
+    answers = d["recall"]["answer_bytes"]
+    s = d["settings"]
+    which = {
+        "full": ("all prompt tokens", f"{thousands(r['recall_prompt_tokens'])} of {thousands(r['recall_prompt_tokens'])}"),
+        "random": ("the budget's worth of uniformly random tokens", f"{r['recall_budget_tokens']} random of "
+                                                                    f"{r['recall_prompt_tokens']}"),
+        "streaming_llm": ("the first 4 (sinks) + the most recent budget − 4",
+                          f"4 + {max(0, r['recall_budget_tokens'] - 4)} of {r['recall_prompt_tokens']}"),
+        "no_sinks": ("the most recent budget tokens", f"the last {r['recall_budget_tokens']} of "
+                                                      f"{r['recall_prompt_tokens']}"),
+        "h2o": ("top budget by score_j = Σ over prompt queries q of a_qj, the last budget × 0.5 forced in",
+                f"{r['recall_budget_tokens'] - int(r['recall_budget_tokens'] * s['h2o_recent_share'])} heavy hitters + "
+                f"{int(r['recall_budget_tokens'] * s['h2o_recent_share'])} recent of {r['recall_prompt_tokens']}"),
+        "snapkv": ("top budget by maxpool₇(Σ over the last w queries q of a_qj), the window w = min(32, budget) "
+                   "forced in",
+                   f"{max(0, r['recall_budget_tokens'] - min(s['snapkv_window'], r['recall_budget_tokens']))} voted + "
+                   f"{min(s['snapkv_window'], r['recall_budget_tokens'])} window of {r['recall_prompt_tokens']}"),
+    }[p.policy]
+    lines = [
+        {"name": "Budget", "formula": "max(1, round(fraction × prompt tokens))",
+         "substituted": f"round({f:g} × {r['recall_prompt_tokens']}) (recall prompt); round({f:g} × "
+                        f"{r['text_prompt_tokens']}) (text prompt)",
+         "result": f"{r['recall_budget_tokens']} and {r['text_budget_tokens']} tokens per layer and KV head"
+                   + (f" ({p.budget:g}% snapped to {r['budget_percent']}%)" if r["snapped"] else "")},
+        {"name": "Which tokens", "formula": which[0], "substituted": which[1],
+         "result": f"{r['shown_kept']} kept in layer {p.layer}, KV head {p.kv_head} of the shown sequence"},
+        {"name": "Cache numbers per token", "formula": "2 (K and V) × layers × KV heads × head dim",
+         "substituted": f"2 × {c['n_layers']} × {c['n_kv_heads']} × {c['head_dim']}",
+         "result": f"{thousands(c['cache_numbers_per_token'])} numbers"},
+        {"name": "Cache bytes kept", "formula": "kept tokens × numbers per token × bytes per number",
+         "substituted": f"{r['kept_tokens']} × {thousands(c['cache_numbers_per_token'])} × {BYTES_PER_NUMBER} B "
+                        f"(bf16)",
+         "result": f"{bytes_si(r['cache_bytes_kept'], 2)} of {bytes_si(r['cache_bytes_full'], 2)} for the whole "
+                   f"prompt"},
+        {"name": "Loss change (text)", "formula": "policy − full cache, bits per byte on the bytes after the prompt",
+         "substituted": f"{r['text_loss_bits']:.4g} − {r['text_full_loss_bits']:.4g}",
+         "result": f"{r['text_loss_delta_bits']:+.3f} bits/byte"},
+        {"name": "Top-1 agreement (text)", "formula": "bytes where the top guess matches the full cache's ÷ bytes",
+         "substituted": f"{round(r['text_top1'] * n_text)} ÷ {n_text}", "result": f"{r['text_top1']:.1%}"},
+        {"name": "Recall accuracy", "formula": "answer bytes right ÷ answer bytes (questions after the cut)",
+         "substituted": f"{round(r['recall_byte_acc'] * answers)} ÷ {answers}",
+         "result": f"{r['recall_byte_acc']:.1%} (full cache {r['recall_full_byte_acc']:.1%}, chance "
+                   f"{r['recall_chance']:.1%})"},
+        {"name": f"Sink share (layer {p.layer})", "formula": "mean over queries t of Σ_{j<4} a_tj; uniform: "
+                                                             "mean of 4 ÷ (t + 1)",
+         "substituted": f"queries in the second half of {d['text']['sequences']} held-out sequences",
+         "result": f"{r['sink_share_first_4']:.2%} on the first 4 tokens ({r['sink_share_first_token']:.2%} on "
+                   f"the first); uniform {r['uniform_share_first_4']:.2%}"},
+    ]
+    return lines
+
+
+def readouts(p: EvictionParams, r: dict) -> list[dict]:
+    return [
+        {"label": "Kept", "value": f"{r['kept_tokens']} of {r['recall_prompt_tokens']}",
+         "detail": f"prompt tokens per layer and KV head: {bytes_si(r['cache_bytes_kept'])} of cache"},
+        {"label": "Loss (text)", "value": f"{r['text_loss_bits']:.3f}",
+         "detail": f"bits/byte, {r['text_loss_delta_bits']:+.3f} against the full cache"},
+        {"label": "Top-1 agreement", "value": f"{r['text_top1']:.1%}",
+         "detail": "of next-byte guesses match the full cache's"},
+        {"label": "Recall", "value": f"{r['recall_byte_acc']:.1%}",
+         "detail": f"of answer bytes; full cache {r['recall_full_byte_acc']:.1%}, chance {r['recall_chance']:.1%}"},
+        {"label": "SECRET-line tokens kept", "value": f"{r['needle_tokens_kept']} of {r['needle_tokens']}",
+         "detail": f"in the shown sequence, layer {p.layer}, KV head {p.kv_head}"},
+    ]
+
+
+def notes(p: EvictionParams, r: dict) -> list[str]:
+    out = []
+    if r["snapped"]:
+        out.append(f"The budget {p.budget:g}% was snapped to the nearest measured one, {r['budget_percent']}%.")
+    if p.policy == "full":
+        out.append("The full cache keeps every token whatever the budget: it is the reference line.")
+    elif r["budget_fraction"] >= 1.0:
+        out.append("At 100% every policy keeps every token, so it is the full cache.")
+    return out
+
+
+def provenance_html() -> str:
+    return f"Kernel results {html.escape(provenance_label())}."
+
+
+def findings(p: EvictionParams) -> str:
+    """What this model shows, worded from the baked numbers (so the words stay right after a re-bake)."""
+    d = data()
+    pcts = budget_percents()
+    text, recall = d["text"]["results"], d["recall"]["results"]
+    chance = d["recall"]["chance"]
+    s = d["sinks"]
+    top = max(s, key=lambda x: x["first_4"] / x["uniform_first_4"])
+    ratio = top["first_4"] / top["uniform_first_4"]
+    lo = 1 if len(pcts) > 1 else 0                              # 10%: a budget where policies differ
+    if ratio >= 2:
+        learned = ": this model has learned attention sinks."
+    elif ratio < 1.25:
+        learned = (": this model has not learned attention sinks (although every sequence starts with the same "
+                   "start token, no layer dumps its spare attention there).")
+    else:
+        learned = ": weak sinks."
+    out = [f"<b>Sinks.</b> The first 4 tokens get {top['first_4']:.1%} of the attention in layer {top['layer']}, "
+           f"{ratio:.1f}× what an even spread would give them ({top['uniform_first_4']:.1%}){learned}"]
+    with_s, without = text["streaming_llm"], text["no_sinks"]
+    delta = without["loss_bits"][lo] - with_s["loss_bits"][lo]
+    out.append(f"<b>Evicting them.</b> At {pcts[lo]}% of the prompt, StreamingLLM without its sinks scores "
+               f"{without['loss_bits'][lo]:.3f} bits/byte and {without['top1'][lo]:.1%} top-1 agreement; with them "
+               f"{with_s['loss_bits'][lo]:.3f} and {with_s['top1'][lo]:.1%} "
+               + (f"(evicting the sinks costs {delta:.3f} bits/byte)." if delta > 0.005 else
+                  f"(here the window alone does {-delta:.3f} bits/byte better)." if delta < -0.005 else
+                  "(on this model evicting the sinks costs nothing measurable).")
+               )
+    out.append(f"<b>Heavy hitters.</b> Each query's top 1% of keys (5 of 512) carry "
+               f"{min(x['top1pct'] for x in s):.0%} to {max(x['top1pct'] for x in s):.0%} of its attention, "
+               f"depending on the layer.")
+    others = [n for n in POLICIES if n != "full"]
+    best = min(others, key=lambda n: text[n]["loss_bits"][lo])
+    full_recall = recall["full"]["recall_byte_acc"][0]
+    words = (f"<b>At {pcts[lo]}%.</b> The lowest text loss comes from {PROSE[best]} "
+             f"({text[best]['loss_bits'][lo]:.3f} bits/byte; the full cache {text['full']['loss_bits'][0]:.3f}). ")
+    if full_recall <= 2 * chance:
+        words += (f"This model does not recall the planted values even with the full cache ({full_recall:.1%}; "
+                  f"chance {chance:.1%}), so recall cannot tell the policies apart on it.")
+    else:
+        best_recall = max(others, key=lambda n: recall[n]["recall_byte_acc"][lo])
+        br = recall[best_recall]["recall_byte_acc"][lo]
+        words += (f"With the full cache it recalls {full_recall:.1%} of the answer bytes; "
+                  + (f"at {pcts[lo]}% no policy does better than {br:.1%} ({PROSE[best_recall]}), "
+                     f"chance being {chance:.1%}." if br < full_recall / 2 else
+                     f"the best policy, {PROSE[best_recall]}, keeps {br:.1%}."))
+    out.append(words)
+    return " ".join(out)
+
+
+# ---- "run it here": the real kernel on the compute server ----------------------------------------------
+def run_request(p: EvictionParams) -> dict:
+    """The server's eviction kernel on the same recall sequences the baked sweep used."""
+    r = evaluate(p)
+    policy = "streaming_llm" if p.policy == "no_sinks" else p.policy
+    return {"model": r["model"], "policy": policy, "budget_fraction": r["budget_fraction"], "task": "recall",
+            "sequences": data()["recall"]["sequences"], "sinks": 0 if p.policy == "no_sinks" else SINK_TOKENS}
+
+
+def describe_run(p: EvictionParams, reply: dict) -> str:
+    res, req = reply["result"], reply["params"]
+    bits = 1 / math.log(2)
+    name = "StreamingLLM with its sinks evicted" if req.get("policy") == "streaming_llm" and req.get("sinks") == 0 \
+        else TITLES.get(req["policy"], req["policy"])
+    text = (f"Measured on {reply.get('device_name', reply['device'])} ({reply['device']}, torch {reply['torch']}): "
+            f"{name} keeping {res['budget']} of the {res['prefix']}-token prompt ({req['budget_fraction']:.0%}) on "
+            f"{req['sequences']} recall sequences of {req['model']}, the questions scored after the cut. "
+            f"Loss on the questions {res['loss'] * bits:.3f} bits/byte (full cache {res['full_loss'] * bits:.3f}), "
+            f"top-1 agreement {res['top1_agreement']:.1%}")
+    if "recall_byte_acc" in res:
+        text += (f", recall {res['recall_byte_acc']:.1%} of answer bytes ({res['recall_exact']:.0%} of sequences "
+                 f"with every answer right)")
+    text += f"; {reply.get('wall_seconds', 0):.2f} s."
+    d = data()
+    key = "no_sinks" if req.get("policy") == "streaming_llm" and req.get("sinks") == 0 else req["policy"]
+    if (req["model"] == d["provenance"].get("model", "gqa-large") and req["sequences"] == d["recall"]["sequences"]
+            and req["budget_fraction"] in d["budgets"] and key in d["recall"]["results"]):
+        i = d["budgets"].index(req["budget_fraction"])
+        b = d["recall"]["results"][key]
+        text += (f" The baked sweep ({d['provenance']['device']}) has {b['loss_bits'][i]:.3f} bits/byte and recall "
+                 f"{b['recall_byte_acc'][i]:.1%} for the same setting.")
+    return text
