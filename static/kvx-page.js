@@ -9,7 +9,7 @@
 const cfg = JSON.parse(document.getElementById("kvx-config").textContent);
 const html = document.documentElement;
 const names = Object.keys(cfg.defaults);
-const state = { data: cfg.baked, frame: 0, timer: null, speed: 1, latest: 0, sentAt: 0, ready: false,
+const state = { data: cfg.baked, frame: 0, wantFrame: null, timer: null, speed: 1, latest: 0, sentAt: 0, ready: false,
                 queued: false, suppress: false, applied: 0, latestFrame: 0, queuedFrame: null };
 const timings = [];
 let doc = null;
@@ -101,7 +101,10 @@ function request() {
   writeURL(params);
   if (!state.ready) {
     state.queued = true;
-    if (worker) setStatus("Python is still warming up; your change applies as soon as it is ready.", "wait");
+    if (state.started) {
+      if (!worker) startWorker();                        // the last one died: start a new one
+      setStatus("Python is warming up; your change applies as soon as it is ready.", "wait");
+    }
     return;
   }
   state.latest += 1;
@@ -169,7 +172,11 @@ function apply(data, keepFrame) {
     slider.end = Math.max(1, lastFrame());
     state.suppress = false;
     const k = keepFrame && !wasAtEnd ? Math.min(state.frame, lastFrame()) : lastFrame();
-    if (anim().mode === "on_demand") {
+    if (anim().mode === "on_demand" && state.wantFrame !== null) {
+      const k = state.wantFrame;                       // a link's step, asked for with these parameters
+      state.wantFrame = null;
+      showFrame(k);
+    } else if (anim().mode === "on_demand") {
       showFrameLocal(anim().frame, anim().caption);   // the model chose the frame to open on
     } else {
       showFrame(k);
@@ -328,6 +335,7 @@ async function runHere() {
 
 // ---- start ---------------------------------------------------------------------------------------
 function startWorker() {
+  state.started = true;
   worker = new Worker(new URL(cfg.worker, location.href), { type: "module" });
   const t0 = performance.now();
   worker.onmessage = (event) => {
@@ -344,20 +352,39 @@ function startWorker() {
     } else if (msg.type === "result") {
       state.pythonMs = msg.ms;
       onResult(msg.id, msg.reply);
+    } else if (msg.type === "crashed") {
+      workerDied(msg.message);
     }
   };
   worker.onerror = (event) => {
     event.preventDefault();
-    setStatus("The Python worker stopped; the plots keep their last values. Reload to try again.", "failed");
+    workerDied(event.message || "an error in the worker");
   };
   worker.postMessage({ type: "init", wheel: new URL(cfg.wheel, location.href).href });
+}
+
+// A worker that dies (out of memory, a fatal Python error) is replaced on the reader's next change;
+// until then the plots keep their last values and the page says what happened.
+function workerDied(message) {
+  if (worker) worker.terminate();
+  worker = null;
+  state.ready = false;
+  html.removeAttribute("data-py-ready");
+  html.dataset.kvxWorkerDied = String(Number(html.dataset.kvxWorkerDied || 0) + 1);
+  setStatus(`The Python worker stopped (${message}); the plots keep their last values, and Python restarts ` +
+            "on your next change.", "failed");
 }
 
 function applyURL(search, initial = false) {
   const { params, step } = urlParams(search);
   setControls(params);
-  if (!initial || Object.keys(params).length) request();
-  if (step !== null && anim()) showFrame(step);
+  const requested = !initial || Object.keys(params).length > 0;
+  if (requested) request();
+  if (step === null || !anim()) return;
+  // An on-demand page redraws its opening frame when the new parameters' data arrives, so ask for the
+  // URL's step after that reply (apply() below), not before it.
+  if (requested && anim().mode === "on_demand") state.wantFrame = step;
+  else showFrame(step);
 }
 
 function onKey(event) {
@@ -390,7 +417,7 @@ function whenBokehReady() {
 }
 
 window.kvx = { onControl: () => { if (!state.suppress) request(); }, anim: animation, timings, state, runHere,
-               onUpload, clearUpload };
+               onUpload, clearUpload, get worker() { return worker; } };
 
 doc = await whenBokehReady();
 state.params = cfg.defaults;

@@ -29,9 +29,16 @@ self.onmessage = async (event) => {
     }
   } else if (msg.type === "run") {
     await starting;
-    // page_json never raises: a bad value comes back as {ok: false, field, message}.
+    // page_json never raises: a bad value comes back as {ok: false, field, message}. What can still
+    // fail is Pyodide itself (out of memory, a fatal error): the page then replaces this worker.
     const t0 = performance.now();
-    const reply = JSON.parse(pageJson(msg.slug, JSON.stringify(msg.params)));
+    let reply;
+    try {
+      reply = JSON.parse(pageJson(msg.slug, JSON.stringify(msg.params)));
+    } catch (err) {
+      self.postMessage({ type: "crashed", message: String(err && err.message || err).split("\n")[0] });
+      return;
+    }
     self.postMessage({ type: "result", id: msg.id, reply, ms: performance.now() - t0 });   // Python's share
   }
 };

@@ -152,6 +152,8 @@ CHANGES = {"cache-renting": {"context": "64000"}, "quantization": {"batch": "16"
            "load-balancer": {"load_weight": "0"},
            "disaggregation": {"links": "1", "context": "32000"},
            "cross-model": {"context": "2000"},
+           "cross-layer": {"share": "4"},
+           "eviction": {"budget": "50"},
            "mla": {"context": "16384"}}
 
 
@@ -324,3 +326,60 @@ def test_cross_model_runs_the_real_kernel_on_the_server(offline_page, site_url):
     page.wait_for_function("Number(document.documentElement.dataset.kvxRun || 0) > 0", timeout=120_000)
     text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
     assert text.startswith("Measured on") and "4,096 tokens of training text" in text
+
+
+def test_a_link_with_parameters_and_a_step_opens_on_that_step(offline_page, site_url):
+    """On-demand pages redraw their opening frame when new parameters arrive; the URL's step must win."""
+    from kvx.explainers.paging.model import PagingParams, frame_data
+    page = offline_page
+    page.goto(f"{site_url}/paging.html?block_size=32&step=5")
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+    page.wait_for_function("document.documentElement.dataset.kvxFrame === '5' && "
+                           "Number(document.documentElement.dataset.kvxFrameApplied || 0) >= 1", timeout=30_000)
+    page.wait_for_timeout(300)
+    want = json.loads(json.dumps(frame_data(PagingParams(block_size=32), 5)))
+    assert source_data(page, "cursor") == want["sources"]["cursor"]
+    assert page.evaluate("Bokeh.documents[0].get_model_by_name('anim:frame').value") == 5
+
+
+def test_cross_layer_shows_baked_measurements_and_runs_the_real_kernel(offline_page, site_url):
+    page = offline_page
+    page.goto(f"{site_url}/cross-layer.html?measure=cosine")
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+    wait_applied(page, 0)
+    assert_sources_equal(page, expected("cross-layer", measure="cosine"))     # the baked heat maps, as CPython reads them
+    assert "Raw cosine of gqa-large" in page.evaluate("Bokeh.documents[0].get_model_by_name('text:similarity').text")
+    baked = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
+    assert baked.startswith("Baked when the site was built") and "Measured on" in baked
+    assert "gqa-large over 4,096 held-out tokens" in baked and "(the baked heat map: " in baked
+    page.wait_for_function("!Bokeh.documents[0].get_model_by_name('run:button').disabled", timeout=10_000)
+    page.get_by_role("button", name=re.compile("Run it here")).click()
+    page.wait_for_function("Number(document.documentElement.dataset.kvxRun || 0) > 0", timeout=120_000)
+    text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
+    assert text.startswith("Measured on") and "with its own cache" in text and "1:4" in text
+
+
+def test_eviction_runs_the_real_kernel_and_steps_its_bounded_cache(offline_page, site_url):
+    from kvx.explainers.eviction.model import EvictionParams, frame_data
+    page = offline_page
+    page.goto(f"{site_url}/eviction.html?policy=no_sinks&budget=10&step=5")
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+    wait_applied(page, 0)
+    want = expected("eviction", policy="no_sinks", budget="10")
+    frame_keys = ("life", "cut", "marks", "cursor", "steploss")     # redrawn by the step-5 frame
+    assert_sources_equal(page, {"sources": {k: v for k, v in want["sources"].items() if k not in frame_keys}})
+    page.wait_for_function("document.documentElement.dataset.kvxFrame === '5' && "
+                           "Number(document.documentElement.dataset.kvxFrameApplied || 0) >= 1", timeout=30_000)
+    page.wait_for_timeout(300)
+    want = json.loads(json.dumps(frame_data(EvictionParams(policy="no_sinks", budget=10), 5)))
+    for key in ("life", "cut", "marks"):
+        assert source_data(page, key) == {k: pytest.approx(v) if v and isinstance(v[0], float) else v
+                                          for k, v in want["sources"][key].items()}, key
+    baked = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
+    assert baked.startswith("Baked when the site was built") and "Measured on" in baked
+    assert "keeping 85 of the 423-token prompt (20%)" in baked and "The baked sweep (" in baked
+    page.wait_for_function("!Bokeh.documents[0].get_model_by_name('run:button').disabled", timeout=10_000)
+    page.get_by_role("button", name=re.compile("Run it here")).click()
+    page.wait_for_function("Number(document.documentElement.dataset.kvxRun || 0) > 0", timeout=120_000)
+    text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
+    assert text.startswith("Measured on") and "StreamingLLM with its sinks evicted keeping 42 of the 423-token" in text

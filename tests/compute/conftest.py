@@ -1,6 +1,8 @@
 """Fixtures for the compute server's tests."""
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import socket
 import threading
@@ -34,3 +36,15 @@ def serving(app):
 @pytest.fixture
 def serve():
     return serving
+
+
+def _run_in_own_thread(coroutine):
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+@pytest.fixture
+def run_async():
+    """asyncio.run in a thread of its own: after the browser tests, Playwright's sync API keeps an event
+    loop running in the main thread for the session, and asyncio.run refuses to start inside it."""
+    return _run_in_own_thread

@@ -3,7 +3,6 @@ requests while 4 more send 24 real kernel requests into a queue of one. Nothing 
 busy answer (503 with Retry-After), and cached answers must stay fast while the kernels queue."""
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 from pathlib import Path
 
@@ -19,7 +18,7 @@ load = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(load)
 
 
-def test_cached_answers_stay_fast_while_kernels_queue(tmp_path, serve, monkeypatch):
+def test_cached_answers_stay_fast_while_kernels_queue(tmp_path, serve, monkeypatch, run_async):
     site = load.tiny_site()
     app = create_app(Settings(site_dir=site, kernel_workers=1, kernel_queue=1))
     # Small real kernels, each with new parameters (never cached), so the queue of two fills up.
@@ -30,7 +29,7 @@ def test_cached_answers_stay_fast_while_kernels_queue(tmp_path, serve, monkeypat
     with serve(app) as url:
         for slug in REGISTRY:                  # the first answer is computed, every later one is cached
             httpx.post(f"{url}/api/v1/explainers/{slug}", json={}, timeout=60).raise_for_status()
-        result = asyncio.run(load.phase(url, clients=8, heavy=4, seconds=30, slugs=list(REGISTRY),
+        result = run_async(load.phase(url, clients=8, heavy=4, seconds=30, slugs=list(REGISTRY),
                                         statics=load.static_paths(site), cached_limit=25, heavy_limit=6))
     classes = result["classes"]
     assert result["failures"] == [], result["failures"]

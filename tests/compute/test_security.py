@@ -3,7 +3,6 @@ bodies are bounded, CORS is only for configured origins, and the pages carry a C
 from __future__ import annotations
 
 import ast
-import asyncio
 import base64
 import hashlib
 import json
@@ -161,7 +160,7 @@ def test_static_files_refuse_path_traversal(layout, serve):
             assert status in (400, 404) and b"TOPSECRET" not in body, (target, status, body[:200])
 
 
-def test_static_files_refuse_traversal_in_the_asgi_path_itself(layout):
+def test_static_files_refuse_traversal_in_the_asgi_path_itself(layout, run_async):
     """What a proxy or server might pass on already decoded: the path, not only the raw target."""
     app = create_app(Settings(site_dir=layout / "site"))
 
@@ -182,7 +181,7 @@ def test_static_files_refuse_traversal_in_the_asgi_path_itself(layout):
 
     for path in ["/../secret.txt", "/static/../../secret.txt", str(layout / "secret.txt"), "/..\\secret.txt",
                  "/../site-other/x.txt", "/link.txt"]:
-        status, body = asyncio.run(get(path))
+        status, body = run_async(get(path))
         assert status in (400, 404) and b"TOPSECRET" not in body, (path, status)
 
 
@@ -209,7 +208,7 @@ def test_bodies_over_the_limit_are_413_with_or_without_a_length(tmp_path, serve)
         assert client.get("/api/v1/health").status_code == 200
 
 
-def test_a_content_length_that_is_not_a_number_is_400(tmp_path):
+def test_a_content_length_that_is_not_a_number_is_400(tmp_path, run_async):
     app = create_app(Settings(site_dir=tmp_path))
     sent = []
 
@@ -223,7 +222,7 @@ def test_a_content_length_that_is_not_a_number_is_400(tmp_path):
              "path": "/api/v1/explainers/cache-renting", "raw_path": b"/api/v1/explainers/cache-renting",
              "root_path": "", "query_string": b"", "server": ("testserver", 80), "client": ("127.0.0.1", 1),
              "headers": [(b"content-length", b"12abc"), (b"content-type", b"application/json")]}
-    asyncio.run(app(scope, receive, send))
+    run_async(app(scope, receive, send))
     assert sent[0]["status"] == 400 and b"Content-Length must be a whole number" in sent[1]["body"]
 
 
