@@ -37,3 +37,6 @@ test: $(BIN)/kvx chromium pyodide
 bench: build chromium
 	$(BIN)/python tests/benchmarks/bench_pages.py --site build/site
 	$(BIN)/python tests/benchmarks/bench_kernels.py
+	$(BIN)/python tests/benchmarks/bench_server.py
+	$(BIN)/python tests/benchmarks/load_server.py --site build/site
+	$(BIN)/python tests/benchmarks/report.py      # -> benchmarks/REPORT.md and benchmarks/report.json

@@ -60,14 +60,24 @@ def ready_ms(page, url: str) -> dict:
     return {"first_plot_ms": drawn, "py_ready_ms": int(page.evaluate("Number(document.documentElement.dataset.pyReadyMs)"))}
 
 
+def values_to_try(slug: str, changes: int) -> tuple[str, list[str]]:
+    """A parameter and a new value for each change (a repeated value fires no change event)."""
+    specs = REGISTRY[slug].params.describe()
+    spec = next((s for s in specs if s["kind"] == "integer" and s["default"] is not None and s["default"] > 0), None)
+    if spec is not None:
+        lo, hi = spec["default"], max(spec["default"] + 2, min(spec["max"], spec["default"] * 4))
+        return spec["name"], [str(lo + 1 + i * 997 % (hi - lo)) for i in range(changes)]
+    spec = next(s for s in specs if s["choices"])
+    ring = [c for c in spec["choices"] if c != spec["default"]] + [spec["default"]]
+    return spec["name"], [ring[i % len(ring)] for i in range(changes)]
+
+
 def round_trips(page, slug: str, changes: int) -> list[float]:
-    spec = next(s for s in REGISTRY[slug].params.describe() if s["kind"] == "integer")
-    lo, hi = spec["default"], min(spec["max"], spec["default"] * 4)
+    name, values = values_to_try(slug, changes)
     page.evaluate("window.kvx.timings.length = 0")
-    for i in range(changes):
+    for value in values:
         before = page.evaluate("Number(document.documentElement.dataset.kvxApplied || 0)")
-        value = lo + 1 + i * 997 % (hi - lo)      # a new value every time, or no change event fires
-        page.evaluate(f"Bokeh.documents[0].get_model_by_name('param:{spec['name']}').value = '{value}'")
+        page.evaluate(f"Bokeh.documents[0].get_model_by_name('param:{name}').value = '{value}'")
         page.wait_for_function(f"Number(document.documentElement.dataset.kvxApplied || 0) > {before}")
     return page.evaluate("Array.from(window.kvx.timings)")
 

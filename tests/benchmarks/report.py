@@ -1,0 +1,103 @@
+"""Gathers the benchmarks' JSON into the committed report: benchmarks/report.json and benchmarks/REPORT.md.
+
+    python tests/benchmarks/report.py [--bench test-results/bench] [--out benchmarks]
+
+Reads bench.json (pages), kernels.json, server.json and load.json, whichever exist, and writes one
+readable table per part. Every speed is next to the baseline measured in the same run, because these
+machines are noisy: the ratios are what to compare between runs.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+
+
+def load(bench: Path, name: str):
+    path = bench / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def pages_md(b: dict) -> list[str]:
+    lines = [f"Baseline: a bare page whose module worker only loads Pyodide core, ready in "
+             f"{b['baseline_py_ready_ms']:,} ms in the same run.", "",
+             "| page | first plot | Python ready, cold (× baseline) | warm | update round trip p50 / p95 | "
+             "animation step p50 | page weight |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for slug, r in b["pages"].items():
+        frame = "-" if not r["frame_step_ms"] else f"{r['frame_step_ms']['median']:.0f} ms"
+        lines.append(f"| {slug} | {r['cold']['first_plot_ms']:,} ms | {r['cold']['py_ready_ms']:,} ms "
+                     f"({r['cold_ready_over_baseline']:.2f}) | {r['warm']['py_ready_ms']:,} ms | "
+                     f"{r['round_trip_ms']['median']:.1f} / {r['round_trip_ms']['p95']:.1f} ms | {frame} | "
+                     f"{r['page_weight_bytes'] / 1e6:.1f} MB |")
+    return lines
+
+
+def kernels_md(k: dict) -> list[str]:
+    d = k["device"]
+    lines = [f"Device: {d['device']} ({d['device_name']}, torch {d['torch']}, {d['threads']} threads). "
+             f"Baseline: this machine's copy bandwidth in the same run, {k['copy_bytes_per_s'] / 1e9:.1f} GB/s.", "",
+             "MLA decode, one layer of the trained MLA model, batch 1, float32 (time; bytes the formula says "
+             "move ÷ time, as a share of copy bandwidth):", "",
+             "| context | naive | plain MHA cache | absorbed | absorbed ÷ MHA cache |", "|---:|---:|---:|---:|---:|"]
+    for row in k["mla"]:
+        cells = [f"{row[f]['seconds'] * 1e3:.3f} ms ({row[f]['bandwidth_share']:.1%})"
+                 for f in ("naive", "materialized", "absorbed")]
+        lines.append(f"| {row['context']:,} | " + " | ".join(cells) +
+                     f" | {row['absorbed']['seconds'] / row['materialized']['seconds']:.2f}× |")
+    lines += ["", "Paged vs contiguous decode, batch 8:", "", "| context | paged | contiguous | paged ÷ contiguous "
+              "| max error | paged share of copy bandwidth |", "|---:|---:|---:|---:|---:|---:|"]
+    for row in k["paged"]:
+        lines.append(f"| {row['context']:,} | {row['paged_seconds'] * 1e3:.2f} ms | "
+                     f"{row['contiguous_seconds'] * 1e3:.2f} ms | {row['paged_seconds'] / row['contiguous_seconds']:.2f}× | "
+                     f"{row['max_error']:.1e} | {row['paged_bandwidth_share']:.1%} |")
+    lines += ["", "Eviction evaluation (8 recall sequences of 512 tokens, budget 25%):", ""]
+    for row in k["eviction"]:
+        lines.append("- " + ", ".join(f"{key} {v:.3g}" if isinstance(v, float) else f"{key} {v}"
+                                      for key, v in row.items()))
+    return lines
+
+
+def server_md(s: dict) -> list[str]:
+    lines = [f"Baseline: GET /api/v1/health, {s['health_ms']} ms median in the same run.", "",
+             "| endpoint | status | cold | cached (median) | cached ÷ health |", "|---|---:|---:|---:|---:|"]
+    for r in s["endpoints"]:
+        lines.append(f"| {r['kind']} `{r['name']}` | {r['status']} | {r['cold_ms']:,.1f} ms | {r['cached_ms']} ms | "
+                     f"{r['cached_over_health']} |")
+    return lines
+
+
+def load_md(x: dict) -> list[str]:
+    from load_server import table   # the load test's own table
+    return [table(x), "", f"Cached p99 under load ÷ without: {x['cached_p99_ratio_load_vs_baseline']:.2f}; server "
+                          f"peak memory (VmHWM) {x['server_peak_rss_mb']:.0f} MB."]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bench", default="test-results/bench")
+    ap.add_argument("--out", default="benchmarks")
+    a = ap.parse_args()
+    bench, out = Path(a.bench), Path(a.out)
+    parts = {"pages": load(bench, "bench.json"), "kernels": load(bench, "kernels.json"),
+             "server": load(bench, "server.json"), "load": load(bench, "load.json")}
+    md = ["# kvx benchmark report", "",
+          f"Written {datetime.date.today().isoformat()} by `make bench` (tests/benchmarks/). Speeds vary by machine; "
+          "compare the ratios against each part's baseline, which was measured in the same run.", ""]
+    sections = [("Pages (tests/benchmarks/bench_pages.py, headless Chromium)", "pages", pages_md),
+                ("Kernels (tests/benchmarks/bench_kernels.py)", "kernels", kernels_md),
+                ("Compute server, per endpoint (tests/benchmarks/bench_server.py)", "server", server_md),
+                ("Compute server under load (tests/benchmarks/load_server.py)", "load", load_md)]
+    for title, key, render in sections:
+        md += [f"## {title}", ""]
+        md += render(parts[key]) if parts[key] else ["Not measured in this run."]
+        md.append("")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(parts, indent=1) + "\n")
+    (out / "REPORT.md").write_text("\n".join(md))
+    print(f"wrote {out / 'REPORT.md'} and {out / 'report.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
