@@ -109,3 +109,11 @@ def upload(name: str, title: str, accept: str = ""):
     error = Div(name=f"error:{name}", text="", sizing_mode="stretch_width", styles={"color": "#b91c1c",
                                                                                   "font-size": "14px"})
     return column(label, row(box, clear), error, sizing_mode="stretch_width")
+
+
+def readable_figure(fig):
+    """Titles and axis labels large enough for a projector at the back of a room."""
+    fig.title.text_font_size = "16px"
+    fig.axis.axis_label_text_font_size = "14px"
+    fig.axis.major_label_text_font_size = "14px"
+    return fig

@@ -17,12 +17,6 @@ LINES = {"raw": ("#6b7280", "its own attention in bf16, every layer caching"),
          "s4": ("#059669", "… and 1:4 sharing")}
 
 
-def _style(fig):
-    fig.title.text_font_size = "16px"
-    fig.axis.axis_label_text_font_size = "14px"
-    fig.axis.major_label_text_font_size = "14px"
-    return fig
-
 
 def _waterfall(src, data):
     names = data["sources"]["stages"]["stage"]
@@ -37,7 +31,7 @@ def _waterfall(src, data):
                             text_font_size="15px"))
     fig.add_tools(HoverTool(tooltips=[("", "@stage"), ("bytes per token", "@bytes{0,0.00}")]))
     fig.ygrid.visible = False
-    return _style(fig)
+    return widgets.readable_figure(fig)
 
 
 def _memory(src):
@@ -53,7 +47,7 @@ def _memory(src):
     fig.legend.location = "top_left"
     fig.legend.label_text_font_size = "13px"
     fig.xaxis.formatter = NumeralTickFormatter(format="0a")
-    return _style(fig)
+    return widgets.readable_figure(fig)
 
 
 def _paper(src):
@@ -69,7 +63,7 @@ def _paper(src):
     fig.x_range.range_padding = 0.45
     fig.legend.location = "bottom_left"
     fig.legend.label_text_font_size = "13px"
-    return _style(fig)
+    return widgets.readable_figure(fig)
 
 
 def _heat(src, key: str, title: str, n: int):
@@ -83,7 +77,7 @@ def _heat(src, key: str, title: str, n: int):
     for axis in (fig.xaxis, fig.yaxis):
         axis.ticker = FixedTicker(ticks=list(range(n)))
     fig.grid.visible = False
-    return _style(fig)
+    return widgets.readable_figure(fig)
 
 
 def _bars(src, labels, field: str, text: str, title: str, axis: str, end: float, chance: float | None = None):
@@ -97,7 +91,7 @@ def _bars(src, labels, field: str, text: str, title: str, axis: str, end: float,
         fig.add_layout(Span(location=chance, dimension="height", line_color="#dc2626", line_dash="dashed",
                             line_width=2))
     fig.ygrid.visible = False
-    return _style(fig)
+    return widgets.readable_figure(fig)
 
 
 def layout(params_cls, values: dict, data: dict):

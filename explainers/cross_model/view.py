@@ -10,12 +10,6 @@ from kvx.site import widgets
 REPREFILL, MAP = "#dc2626", "#2563eb"
 
 
-def _style(fig):
-    fig.title.text_font_size = "16px"
-    fig.axis.axis_label_text_font_size = "14px"
-    fig.axis.major_label_text_font_size = "13px"
-    return fig
-
 
 def _against_context(src, y: str, title: str, label: str, breakeven: bool):
     fig = figure(height=340, sizing_mode="stretch_width", x_axis_type="log", y_axis_type="log", toolbar_location=None,
@@ -32,7 +26,7 @@ def _against_context(src, y: str, title: str, label: str, breakeven: bool):
     fig.legend.location = "top_left"
     fig.legend.label_text_font_size = "13px"
     fig.xaxis.formatter = NumeralTickFormatter(format="0a")
-    return _style(fig)
+    return widgets.readable_figure(fig)
 
 
 def layout(params_cls, values: dict, data: dict):
@@ -63,7 +57,7 @@ def layout(params_cls, values: dict, data: dict):
     layers.scatter("large", "small", source=src["layers"], size=6, color=MAP)
     layers.add_tools(HoverTool(tooltips=[("large layer", "@large"), ("reads small layer", "@small")]))
     for fig in (memory, layers):
-        _style(fig)
+        widgets.readable_figure(fig)
 
     controls = widgets.controls(params_cls, values, free_choices=("map_dtype",), per_row=5)
     return column(controls, row(flops, time, sizing_mode="stretch_width"),

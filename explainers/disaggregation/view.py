@@ -14,12 +14,6 @@ COLORS = ["#6b7280", "#9ca3af", "#dc2626", "#f87171", "#059669"]
 AFTER, LAYERWISE = "#dc2626", "#2563eb"
 
 
-def _style(fig):
-    fig.title.text_font_size = "16px"
-    fig.axis.axis_label_text_font_size = "14px"
-    fig.axis.major_label_text_font_size = "13px"
-    return fig
-
 
 def layout(params_cls, values: dict, data: dict):
     src = widgets.sources(data)
@@ -77,7 +71,7 @@ def layout(params_cls, values: dict, data: dict):
     links.add_tools(HoverTool(tooltips=[("", "@links × @link"), ("after prefill", "@after_ms{0.000} ms"),
                                         ("layer by layer", "@layerwise_ms{0.000} ms")]))
     for fig in (gantt, zoom, curve, links):
-        _style(fig)
+        widgets.readable_figure(fig)
     controls = widgets.controls(params_cls, values, free_choices=("kv_dtype",), per_row=5)
     animation = widgets.animation_controls(data["animation"]["frames"])
     return column(controls, animation, gantt, zoom, row(curve, links, sizing_mode="stretch_width"),

@@ -18,12 +18,6 @@ DASH = {"no_sinks": "dashed", "random": "dotted"}
 STATES = CategoricalColorMapper(factors=["kept", "evicted"], palette=["#16a34a", "#d1d5db"])
 
 
-def _style(fig):
-    fig.title.text_font_size = "16px"
-    fig.axis.axis_label_text_font_size = "14px"
-    fig.axis.major_label_text_font_size = "13px"
-    return fig
-
 
 def _against_budget(src, key: str, title: str, label: str, percent: bool):
     fig = figure(height=330, sizing_mode="stretch_width", toolbar_location=None, title=title,
@@ -46,7 +40,7 @@ def _against_budget(src, key: str, title: str, label: str, percent: bool):
     fig.legend.label_text_font_size = "12px"
     fig.legend.location = "bottom_right" if key != "loss" else "top_right"
     fig.legend.background_fill_alpha = 0.7
-    return _style(fig)
+    return widgets.readable_figure(fig)
 
 
 def layout(params_cls, values: dict, data_: dict):
@@ -94,7 +88,7 @@ def layout(params_cls, values: dict, data_: dict):
         fig.legend.location = "top_right"
         fig.legend.orientation = "horizontal"
         fig.legend.background_fill_alpha = 0.7
-        return _style(fig)
+        return widgets.readable_figure(fig)
 
     score = _received("score", "Accumulated attention from the prompt's queries (H2O's score)",
                       "summed weight (log)", 1e-4, 1e3, "0.000")
@@ -152,7 +146,7 @@ def layout(params_cls, values: dict, data_: dict):
     steploss.legend.location = "top_right"
 
     for fig in (amap, sinks, raster, steploss):
-        _style(fig)
+        widgets.readable_figure(fig)
     h3 = {"font-size": "20px", "font-weight": "bold", "margin-top": "12px"}
     head = Div(text="Which tokens stay, on a real attention map", sizing_mode="stretch_width", styles=h3)
     cost = Div(text="What it costs, at every budget", sizing_mode="stretch_width", styles=h3)

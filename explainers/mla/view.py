@@ -16,12 +16,6 @@ KIND_COLORS = ["#6b7280", "#d97706", "#0891b2", "#059669"]          # MHA, GQA, 
 FORM_COLORS = {"naive": "#dc2626", "materialized": "#6b7280", "absorbed": "#7c3aed"}
 
 
-def _style(fig):
-    fig.title.text_font_size = "16px"
-    fig.axis.axis_label_text_font_size = "14px"
-    fig.axis.major_label_text_font_size = "14px"
-    return fig
-
 
 def _diagram(src, x_range):
     fig = figure(height=660, sizing_mode="stretch_width", x_range=Range1d(*x_range, name="range:diagram_x"),
@@ -43,7 +37,7 @@ def _diagram(src, x_range):
                          line_width=2, line_alpha="alpha", line_color="#374151",
                          end=VeeHead(size=10, line_color="#374151", line_alpha=0.9)))
     fig.add_tools(HoverTool(tooltips=[("", "@name"), ("shape", "@shape")]))
-    return _style(fig)
+    return widgets.readable_figure(fig)
 
 
 def layout(params_cls, values: dict, data: dict):
@@ -96,7 +90,7 @@ def layout(params_cls, values: dict, data: dict):
     decode.legend.label_text_font_size = "13px"
     decode.xaxis.formatter = NumeralTickFormatter(format="0a")
     for fig in (kinds, account, every, decode):
-        _style(fig)
+        widgets.readable_figure(fig)
     every.yaxis.major_label_text_font_size = "13px"
 
     controls = widgets.controls(params_cls, values, free_choices=("kv_dtype",), per_row=4)

@@ -10,12 +10,6 @@ from kvx.site import widgets
 COLORS = ["#6b7280", "#2563eb", "#d97706", "#059669"]
 
 
-def _style(fig):
-    fig.title.text_font_size = "16px"
-    fig.axis.axis_label_text_font_size = "14px"
-    fig.axis.major_label_text_font_size = "13px"
-    return fig
-
 
 def layout(params_cls, values: dict, data: dict):
     src = widgets.sources(data)
@@ -62,7 +56,7 @@ def layout(params_cls, values: dict, data: dict):
     cross.yaxis.formatter = NumeralTickFormatter(format="0a")
 
     for fig in (bytes_fig, roof, speed, cross):
-        _style(fig)
+        widgets.readable_figure(fig)
     controls = widgets.controls(params_cls, values, free_choices=("weight_dtype", "kv_dtype"), per_row=5)
     return column(controls, bytes_fig, widgets.run_controls(), row(roof, cross, sizing_mode="stretch_width"), speed,
                   sizing_mode="stretch_width")
