@@ -6,14 +6,27 @@ import { loadPyodide } from "../vendor/pyodide/pyodide.mjs";
 let pageJson = null;
 let starting = null;
 
+// The model wheel is fetched while Pyodide core loads (not after it), then unzipped into
+// site-packages with the standard library: it is pure Python, so that is all installing it takes.
+const INSTALL = `
+import importlib, site, zipfile
+zipfile.ZipFile("/tmp/kvx_models.whl").extractall(site.getsitepackages()[0])
+importlib.invalidate_caches()
+from kvx.explainers.registry import page_json
+page_json`;
+
 async function start(wheelURL) {
   const t0 = performance.now();
+  const wheel = fetch(new URL(wheelURL, self.location.href)).then((r) => {
+    if (!r.ok) throw new Error(`the model wheel answered HTTP ${r.status}`);
+    return r.arrayBuffer();
+  });
   const pyodide = await loadPyodide({
     indexURL: new URL("../vendor/pyodide/", import.meta.url).href,
     stdout: () => {}, stderr: (s) => console.warn(s),
   });
-  await pyodide.loadPackage(new URL(wheelURL, self.location.href).href, { messageCallback: () => {} });
-  pageJson = pyodide.runPython("from kvx.explainers.registry import page_json\npage_json");
+  pyodide.FS.writeFile("/tmp/kvx_models.whl", new Uint8Array(await wheel));
+  pageJson = pyodide.runPython(INSTALL);
   return performance.now() - t0;
 }
 
