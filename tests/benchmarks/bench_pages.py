@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import uvicorn
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeout, sync_playwright
 
 from kvx.compute.app import create_app
 from kvx.compute.settings import Settings
@@ -53,9 +53,19 @@ def serve(site: Path):
     return server, f"http://127.0.0.1:{port}"
 
 
-def ready_ms(page, url: str) -> dict:
+TIMEOUTS: list[dict] = []      # loads that never became ready: counted in the report, then retried once
+
+
+def ready_ms(page, url: str, retry: bool = True) -> dict:
     page.goto(url)
-    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=120_000)
+    try:
+        page.wait_for_selector("html[data-py-ready]", state="attached", timeout=60_000)
+    except PlaywrightTimeout:
+        TIMEOUTS.append({"url": url, "status": page.locator("#kvx-status").inner_text() if page.locator(
+            "#kvx-status").count() else ""})
+        if not retry:
+            raise
+        return ready_ms(page, url, retry=False)
     drawn = page.evaluate("Number(document.documentElement.getAttribute('data-kvx-drawn')) || null")
     return {"first_plot_ms": drawn, "py_ready_ms": int(page.evaluate("Number(document.documentElement.dataset.pyReadyMs)"))}
 
@@ -148,9 +158,12 @@ def main() -> int:
                 ctx.close()
             browser.close()
         server.should_exit = True
+    report["timeouts"] = TIMEOUTS
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(report, indent=2))
+    for t in TIMEOUTS:
+        print(f"TIMED OUT (then retried): {t['url']}: {t['status']}")
     print(f"baseline (bare Pyodide core in a module worker): ready in {baseline} ms")
     print(f"{'page':18} {'first plot':>10} {'ready cold':>10} {'x base':>7} {'ready warm':>10} "
           f"{'trip p50':>9} {'trip p95':>9} {'weight MB':>9} {'frame p50':>9}")

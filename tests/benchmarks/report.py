@@ -30,6 +30,9 @@ def pages_md(b: dict) -> list[str]:
                      f"({r['cold_ready_over_baseline']:.2f}) | {r['warm']['py_ready_ms']:,} ms | "
                      f"{r['round_trip_ms']['median']:.1f} / {r['round_trip_ms']['p95']:.1f} ms | {frame} | "
                      f"{r['page_weight_bytes'] / 1e6:.1f} MB |")
+    timeouts = b.get("timeouts", [])
+    lines += ["", f"Loads that did not become ready within 60 s (each then retried once): {len(timeouts)}."]
+    lines += [f"- {t['url'].split('/')[-1]}: {t['status']}" for t in timeouts]
     return lines
 
 
