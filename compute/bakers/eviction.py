@@ -167,20 +167,10 @@ def attention_map(w: torch.Tensor, bin_size: int = MAP_BIN) -> list[float]:
 
 
 def sink_shares(weights: list[torch.Tensor]) -> list[dict]:
-    """Per layer, over queries in the second half of each sequence (plenty of context, as the kernel's
-    attention_summary): the mean share of attention on the first token, on the first 4, what a uniform
-    spread would put on the first 4, and the mass on each query's top 1% of keys."""
-    out = []
-    for layer, w in enumerate(weights):
-        t = w.shape[-1]
-        rows = w[:, :, t // 2:, :]
-        positions = torch.arange(t // 2, t, dtype=torch.float32)
-        k = max(1, int(0.01 * t))
-        out.append({"layer": layer, "first_token": _r(rows[..., 0].mean().item()),
-                    "first_4": _r(rows[..., :SINKS].sum(-1).mean().item()),
-                    "uniform_first_4": _r((SINKS / (positions + 1)).mean().item()),
-                    "top1pct": _r(rows.topk(k, dim=-1).values.sum(-1).mean().item())})
-    return out
+    """The kernel's per-layer sink and heavy-hitter shares (eviction.summarize_weights), for the page."""
+    return [{"layer": s["layer"], "first_token": _r(s["sink_mass"]), "first_4": _r(s["first_mass"]),
+             "uniform_first_4": _r(s["uniform_first_mass"]), "top1pct": _r(s["top1pct_mass"])}
+            for s in eviction.summarize_weights(weights, first=SINKS)]
 
 
 # ---- decoding with a bounded cache ---------------------------------------------------------------------

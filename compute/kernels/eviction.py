@@ -160,15 +160,25 @@ def evaluate(model, ids: torch.Tensor, prefix: int, policy: Policy, budget_fract
     return out
 
 
-@torch.no_grad()
-def attention_summary(model, ids: torch.Tensor, top_share: float = 0.01) -> list[dict]:
-    """Per layer: mean attention mass on the first token (the sink) and on the top 1% of keys."""
-    _, weights, _ = model(ids, need_weights=True)
+def summarize_weights(weights: list[torch.Tensor], top_share: float = 0.01, first: int = 4) -> list[dict]:
+    """Per layer, over the queries in the second half of each sequence (plenty of context): the mean
+    attention share on the first token (the sink), on the first `first` tokens, what an even spread
+    would give those, and on each query's top `top_share` of keys (the heavy hitters)."""
     out = []
     for layer, w in enumerate(weights):
         t = w.shape[-1]
-        rows = w[:, :, t // 2:, :]                                           # queries with plenty of context
+        rows = w[:, :, t // 2:, :]
+        positions = torch.arange(t // 2, t, dtype=torch.float32, device=w.device)
         k = max(1, int(top_share * t))
         out.append({"layer": layer, "sink_mass": rows[..., 0].mean().item(),
+                    "first_mass": rows[..., :first].sum(-1).mean().item(),
+                    "uniform_first_mass": (first / (positions + 1)).mean().item(),
                     "top1pct_mass": rows.topk(k, dim=-1).values.sum(-1).mean().item()})
     return out
+
+
+@torch.no_grad()
+def attention_summary(model, ids: torch.Tensor, top_share: float = 0.01) -> list[dict]:
+    """summarize_weights of the model's own attention over ids."""
+    _, weights, _ = model(ids, need_weights=True)
+    return summarize_weights(weights, top_share)

@@ -11,32 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx
-import uvicorn
 
-from kvx.compute.app import create_app
-from kvx.compute.settings import Settings
+from bench_pages import serve      # the same loopback server as the page benchmark
 from kvx.explainers.registry import REGISTRY
-
-
-def serve():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    site = Path(tempfile.mkdtemp())
-    server = uvicorn.Server(uvicorn.Config(create_app(Settings(site_dir=site)), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    return server, f"http://127.0.0.1:{port}"
 
 
 def timed(client: httpx.Client, method: str, url: str, body=None) -> tuple[float, int]:
@@ -59,7 +42,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--out", default="test-results/bench")
     a = ap.parse_args()
-    server, base = serve()
+    server, base = serve(Path(tempfile.mkdtemp()))     # the API alone: an empty site
     rows = []
     with httpx.Client(timeout=600) as client:
         kernels = client.get(f"{base}/api/v1/kernels").json()

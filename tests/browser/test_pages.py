@@ -52,6 +52,23 @@ def assert_sources_equal(page, data: dict) -> None:
                 (key, col)
 
 
+def baked_run_text(page) -> str:
+    """The "run it here" text the site build baked: a real measurement, labelled with where it ran."""
+    text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
+    assert text.startswith("Baked when the site was built") and "Measured on" in text
+    return text
+
+
+def run_here(page, timeout: int) -> str:
+    """Click "Run it here" once the page has found the server; the server's measurement, as the page words it."""
+    page.wait_for_function("!Bokeh.documents[0].get_model_by_name('run:button').disabled", timeout=10_000)
+    page.get_by_role("button", name=re.compile("Run it here")).click()
+    page.wait_for_function("Number(document.documentElement.dataset.kvxRun || 0) > 0", timeout=timeout)
+    text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
+    assert text.startswith("Measured on")
+    return text
+
+
 @pytest.mark.parametrize("path", ["index.html", "glossary.html"])
 def test_plain_pages_load_offline(offline_page, site_url, screenshot, path):
     offline_page.goto(f"{site_url}/{path}")
@@ -206,27 +223,19 @@ def test_quantization_runs_the_real_kernel_on_the_server(offline_page, site_url)
     page = offline_page
     page.goto(f"{site_url}/quantization.html?context=32000&batch=8")
     page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
-    baked = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
-    assert baked.startswith("Baked when the site was built") and "Measured on" in baked
-    page.wait_for_function("!Bokeh.documents[0].get_model_by_name('run:button').disabled", timeout=10_000)
-    page.get_by_role("button", name=re.compile("Run it here")).click()
-    page.wait_for_function("Number(document.documentElement.dataset.kvxRun || 0) > 0", timeout=60_000)
-    text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
-    assert text.startswith("Measured on") and "The cache was 68% of the bytes" in text
+    baked_run_text(page)
+    text = run_here(page, timeout=60_000)
+    assert "The cache was 68% of the bytes" in text
 
 
 def test_mla_runs_the_real_kernel_on_the_server(offline_page, site_url):
     page = offline_page
     page.goto(f"{site_url}/mla.html?context=2048")
     page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
-    baked = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
-    assert baked.startswith("Baked when the site was built") and "Measured on" in baked
+    baked = baked_run_text(page)
     assert "trained MLA model" in baked and "4,096 cached tokens" in baked and "Outputs agree" in baked
-    page.wait_for_function("!Bokeh.documents[0].get_model_by_name('run:button').disabled", timeout=10_000)
-    page.get_by_role("button", name=re.compile("Run it here")).click()
-    page.wait_for_function("Number(document.documentElement.dataset.kvxRun || 0) > 0", timeout=60_000)
-    text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
-    assert text.startswith("Measured on") and "2,048 cached tokens" in text
+    text = run_here(page, timeout=60_000)
+    assert "2,048 cached tokens" in text
     assert "absorbed 524.29 KB" in text and "the server counted" not in text      # 2,048 x 64 x 4 B, as computed
 
 
@@ -318,14 +327,10 @@ def test_cross_model_runs_the_real_kernel_on_the_server(offline_page, site_url):
     page = offline_page
     page.goto(f"{site_url}/cross-model.html")
     page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
-    baked = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
-    assert baked.startswith("Baked when the site was built") and "Measured on" in baked
+    baked = baked_run_text(page)
     assert "gqa-small" in baked and "bits per byte" in baked and "worse than the small model alone" in baked
-    page.wait_for_function("!Bokeh.documents[0].get_model_by_name('run:button').disabled", timeout=10_000)
-    page.get_by_role("button", name=re.compile("Run it here")).click()
-    page.wait_for_function("Number(document.documentElement.dataset.kvxRun || 0) > 0", timeout=120_000)
-    text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
-    assert text.startswith("Measured on") and "4,096 tokens of training text" in text
+    text = run_here(page, timeout=120_000)
+    assert "4,096 tokens of training text" in text
 
 
 def test_a_link_with_parameters_and_a_step_opens_on_that_step(offline_page, site_url):
@@ -349,14 +354,10 @@ def test_cross_layer_shows_baked_measurements_and_runs_the_real_kernel(offline_p
     wait_applied(page, 0)
     assert_sources_equal(page, expected("cross-layer", measure="cosine"))     # the baked heat maps, as CPython reads them
     assert "Raw cosine of gqa-large" in page.evaluate("Bokeh.documents[0].get_model_by_name('text:similarity').text")
-    baked = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
-    assert baked.startswith("Baked when the site was built") and "Measured on" in baked
+    baked = baked_run_text(page)
     assert "gqa-large over 4,096 held-out tokens" in baked and "(the baked heat map: " in baked
-    page.wait_for_function("!Bokeh.documents[0].get_model_by_name('run:button').disabled", timeout=10_000)
-    page.get_by_role("button", name=re.compile("Run it here")).click()
-    page.wait_for_function("Number(document.documentElement.dataset.kvxRun || 0) > 0", timeout=120_000)
-    text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
-    assert text.startswith("Measured on") and "with its own cache" in text and "1:4" in text
+    text = run_here(page, timeout=120_000)
+    assert "with its own cache" in text and "1:4" in text
 
 
 def test_eviction_runs_the_real_kernel_and_steps_its_bounded_cache(offline_page, site_url):
@@ -375,11 +376,7 @@ def test_eviction_runs_the_real_kernel_and_steps_its_bounded_cache(offline_page,
     for key in ("life", "cut", "marks"):
         assert source_data(page, key) == {k: pytest.approx(v) if v and isinstance(v[0], float) else v
                                           for k, v in want["sources"][key].items()}, key
-    baked = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
-    assert baked.startswith("Baked when the site was built") and "Measured on" in baked
+    baked = baked_run_text(page)
     assert "keeping 85 of the 423-token prompt (20%)" in baked and "The baked sweep (" in baked
-    page.wait_for_function("!Bokeh.documents[0].get_model_by_name('run:button').disabled", timeout=10_000)
-    page.get_by_role("button", name=re.compile("Run it here")).click()
-    page.wait_for_function("Number(document.documentElement.dataset.kvxRun || 0) > 0", timeout=120_000)
-    text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
-    assert text.startswith("Measured on") and "StreamingLLM with its sinks evicted keeping 42 of the 423-token" in text
+    text = run_here(page, timeout=120_000)
+    assert "StreamingLLM with its sinks evicted keeping 42 of the 423-token" in text
