@@ -25,6 +25,15 @@ class ModelPreset:
     kv_latent: int = 0      # MLA only: the cached compressed KV (kv_lora_rank)
     rope_dim: int = 0       # MLA only: the cached decoupled RoPE key (qk_rope_head_dim), shared by all heads
     active_params: float | None = None  # MoE: parameters used per token
+    v_head_dim: int = 0     # MLA only: per-head value dim (0: same as head_dim); its query·key dim is head_dim + rope_dim
+    # Mixture of experts (0 for dense models): routed experts per MoE layer, how many each token picks,
+    # always-on shared experts, how many layers are MoE, and one routed expert's parameters
+    # (3 × hidden × moe_intermediate_size: gate, up and down projections).
+    experts: int = 0
+    experts_per_token: int = 0
+    shared_experts: int = 0
+    moe_layers: int = 0
+    expert_params: float = 0
 
     def __post_init__(self):
         if self.attention not in ATTENTION_KINDS:
@@ -35,6 +44,23 @@ class ModelPreset:
             raise ValueError(f"{self.slug}: MHA has as many KV heads as query heads.")
         if self.attention == "MQA" and self.kv_heads != 1:
             raise ValueError(f"{self.slug}: MQA has one KV head.")
+        if self.experts and not (0 < self.experts_per_token <= self.experts and 0 < self.moe_layers <= self.layers
+                                 and self.expert_params > 0 and self.active_params):
+            raise ValueError(f"{self.slug}: a mixture of experts needs experts_per_token in 1..experts, moe_layers "
+                             f"in 1..layers, expert_params and active_params.")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def attention_qk_dim(self) -> int:
+        """Per-head dim of q·k: MLA scores over the no-RoPE part plus the decoupled RoPE key (DeepSeek-V2 sec. 2.1.3)."""
+        return self.head_dim + self.rope_dim if self.attention == "MLA" else self.head_dim
+
+    @property
+    def attention_v_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
 
     @property
     def kv_elements_per_token(self) -> int:
@@ -83,11 +109,19 @@ _PRESETS = [
                 "DeepSeek LLM paper (2024), Table 2; " + _hf("deepseek-ai/deepseek-llm-67b-base")),
     ModelPreset("deepseek-v2", "DeepSeek-V2", "MLA", 60, 128, 128, 128, 236e9, 131072,
                 "DeepSeek-V2 paper (2024), sec. 2.1 and 3.1.2; " + _hf("deepseek-ai/DeepSeek-V2"),
-                kv_latent=512, rope_dim=64, active_params=21e9),
+                kv_latent=512, rope_dim=64, active_params=21e9, v_head_dim=128,
+                # config.json: n_routed_experts 160, num_experts_per_tok 6, n_shared_experts 2,
+                # first_k_dense_replace 1 (59 MoE layers of 60), moe_intermediate_size 1536, hidden_size 5120;
+                # the paper's sec. 3.1.2 (model hyper-parameters) gives the same 2 shared + 160 routed, 6 active
+                experts=160, experts_per_token=6, shared_experts=2, moe_layers=59, expert_params=3 * 5120 * 1536),
     ModelPreset("deepseek-v3", "DeepSeek-V3", "MLA", 61, 128, 128, 128, 671e9, 131072,
                 "DeepSeek-V3 technical report (2024), sec. 4.2; " + _hf("deepseek-ai/DeepSeek-V3")
                 + " (671B main model; the 14B multi-token-prediction module is not counted)",
-                kv_latent=512, rope_dim=64, active_params=37e9),
+                kv_latent=512, rope_dim=64, active_params=37e9, v_head_dim=128,
+                # config.json: n_routed_experts 256, num_experts_per_tok 8, n_shared_experts 1,
+                # first_k_dense_replace 3 (58 MoE layers of 61), moe_intermediate_size 2048, hidden_size 7168;
+                # the report's sec. 4.2 (hyper-parameters) gives the same 1 shared + 256 routed, 8 active
+                experts=256, experts_per_token=8, shared_experts=1, moe_layers=58, expert_params=3 * 7168 * 2048),
     # Older models, so that every attention kind has a preset, and one a paper computes with.
     ModelPreset("opt-13b", "OPT 13B", "MHA", 40, 40, 40, 128, 12.85e9, 2048,
                 _hf("facebook/opt-13b") + "; the PagedAttention paper's example in sec. 3"),
