@@ -20,18 +20,19 @@ import dataclasses
 import functools
 import heapq
 import itertools
-import json
 import math
 import random
 import zlib
 
+from ..core import traces
 from ..core.params import ParamError, Params, integer, number
 from ..core.radix import RadixTree
+from ..core.traces import parse_trace, to_jsonl
 from ..core.units import thousands
 
-MAX_TRACE_BYTES = 2_000_000
-MAX_TRACE_REQUESTS = 5_000
-MAX_BLOCKS = 2_000_000             # hash ids over the whole workload, so the browser stays quick
+MAX_TRACE_BYTES = traces.CPYTHON.bytes          # an uploaded trace: limits set in core.traces, by the work
+MAX_TRACE_REQUESTS = traces.CPYTHON.requests
+MAX_BLOCKS = 100_000               # prompt blocks of the synthetic trace: a slider's change stays well under 2 s
 MAX_FRAMES = 200
 RING_POINTS = 64                   # virtual nodes per replica on the consistent-hashing ring
 SHARED = -1                        # the owner of a block that more than one session uses
@@ -73,10 +74,12 @@ class LoadBalancerParams(Params):
         if self.trace:
             parse_trace(self.trace, self.block_size)
             return
-        blocks = sum(math.ceil(self._prompt(t) / self.block_size) for t in range(self._longest()))
-        if self.sessions * self.turns > MAX_TRACE_REQUESTS or blocks * self.sessions > MAX_BLOCKS:
-            raise ParamError("turns", f"sessions × turns × prompt blocks must stay under {MAX_BLOCKS:,} so the "
-                                      f"browser can simulate it; this workload has up to {blocks * self.sessions:,}.")
+        blocks = synthetic_blocks(self)
+        if blocks > MAX_BLOCKS:
+            raise ParamError("turns", f"The synthetic trace may hold at most {MAX_BLOCKS:,} prompt blocks (Σ over "
+                                      f"its requests of prompt ÷ block size), so that a change replays in well "
+                                      f"under a second; these settings make {blocks:,}. Use fewer sessions, turns "
+                                      f"or tokens, or larger blocks.")
 
     def _prompt(self, turn: int) -> int:
         return self.system_prompt + turn * (self.message + self.answer) + self.message
@@ -103,6 +106,13 @@ class Workload:
     owners: dict          # hash id -> session, or SHARED
     uploaded: bool
     sessions_given: bool  # sessions came from the trace's session_id (else inferred from the hash ids)
+
+
+def synthetic_blocks(p: LoadBalancerParams) -> int:
+    """Prompt blocks of the whole synthetic trace: Σ over sessions and their turns of ⌈prompt ÷ block size⌉."""
+    per_turn = [math.ceil(p._prompt(t) / p.block_size) for t in range(p._longest())]
+    prefix = list(itertools.accumulate(per_turn))
+    return sum(prefix[n - 1] for n in session_turns(p.sessions, p.turns, p.skew))
 
 
 def session_turns(sessions: int, turns: int, skew: float) -> list[int]:
@@ -162,73 +172,6 @@ def synthetic_records(p: LoadBalancerParams) -> list[dict]:
         out.append({"timestamp": round(t * 1000), "input_length": sum(x[-1] for x in segs),
                     "output_length": p.answer, "hash_ids": _hash_ids(segs, p.block_size, ids), "session_id": s})
     return out
-
-
-def to_jsonl(records: list[dict]) -> str:
-    return "".join(json.dumps(r, separators=(", ", ": ")) + "\n" for r in records)
-
-
-def _field_error(line: int, message: str) -> ParamError:
-    return ParamError("trace", f"The trace's line {line:,}: {message}")
-
-
-def _whole(value, line: int, field: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value != int(value) or value < low:
-        raise _field_error(line, f"{field} must be a whole number ≥ {low}; got {json.dumps(value)}.")
-    return int(value)
-
-
-@functools.lru_cache(maxsize=4)
-def parse_trace(text: str, block_size: int) -> tuple[dict, ...]:
-    """Parse and check a Mooncake trace; a bad line raises ParamError naming its line and field."""
-    size = len(text.encode("utf-8"))
-    if size > MAX_TRACE_BYTES:
-        raise ParamError("trace", f"The trace must be at most {MAX_TRACE_BYTES:,} bytes; this one has {size:,}.")
-    out, blocks = [], 0
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        if len(out) == MAX_TRACE_REQUESTS:
-            raise ParamError("trace", f"The trace may hold at most {MAX_TRACE_REQUESTS:,} requests; line "
-                                      f"{number:,} is one more. Keep its first lines (head -n {MAX_TRACE_REQUESTS}).")
-        try:
-            row = json.loads(raw)
-        except ValueError as err:
-            raise _field_error(number, f"is not JSON ({err.msg}).") from None
-        if not isinstance(row, dict):
-            raise _field_error(number, "must be a JSON object with timestamp, input_length, output_length "
-                                       "and hash_ids.")
-        for field in ("timestamp", "input_length", "output_length", "hash_ids"):
-            if field not in row:
-                raise _field_error(number, f"{field} is missing.")
-        ts = row["timestamp"]
-        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
-            raise _field_error(number, f"timestamp must be a number of milliseconds ≥ 0; got {json.dumps(ts)}.")
-        n_in = _whole(row["input_length"], number, "input_length", 1)
-        n_out = _whole(row["output_length"], number, "output_length", 0)
-        ids = row["hash_ids"]
-        if not isinstance(ids, list) or not ids:
-            raise _field_error(number, f"hash_ids must be a non-empty list of block ids; got {json.dumps(ids)[:60]}.")
-        for x in ids:
-            _whole(x, number, "hash_ids", 0)
-        lo, hi = n_in // block_size, -(-n_in // block_size)
-        if not lo <= len(ids) <= hi:
-            raise _field_error(number, f"hash_ids has {len(ids):,} blocks, but input_length {n_in:,} at "
-                                       f"{block_size:,} tokens per block needs {hi:,}"
-                                       + (f" (or {lo:,})" if lo != hi and lo else "")
-                                       + "; set block_size to the trace's block size.")
-        session = row.get("session_id")
-        if session is not None and (isinstance(session, bool) or not isinstance(session, (int, str))):
-            raise _field_error(number, f"session_id must be a string or a whole number; got {json.dumps(session)}.")
-        blocks += len(ids)
-        if blocks > MAX_BLOCKS:
-            raise _field_error(number, f"the trace holds more than {MAX_BLOCKS:,} hash ids in all; cut it shorter.")
-        out.append({"timestamp": float(ts), "input_length": n_in, "output_length": n_out,
-                    "hash_ids": tuple(int(x) for x in ids), "session_id": session, "line": number})
-    if not out:
-        raise ParamError("trace", "The trace holds no requests: give one JSON object per line.")
-    return tuple(out)
 
 
 def _requests(records, block_size: int) -> tuple[tuple[Request, ...], dict, bool]:

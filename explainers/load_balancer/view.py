@@ -7,6 +7,7 @@ from bokeh.models import HoverTool, NumeralTickFormatter, Range1d
 from bokeh.plotting import figure
 from bokeh.transform import dodge
 
+from kvx.explainers.core import traces
 from kvx.explainers.load_balancer.model import ROUTER_COLORS, ROUTERS
 from kvx.site import widgets
 
@@ -91,7 +92,7 @@ def layout(params_cls, values: dict, data: dict):
         fig.title.text_font_size = "15px"
         fig.axis.axis_label_text_font_size = "13px"
     upload = widgets.upload("trace", "Replay your own trace: a Mooncake-format JSONL file (one request per line; "
-                                     "at most 5,000 lines and 2 MB).", accept=".jsonl,.json,.txt")
+                                     f"{traces.BROWSER_NOTE}).", accept=".jsonl,.json,.txt")
     return column(widgets.controls(params_cls, values, per_row=5), upload, widgets.text("trace"),
                   widgets.animation_controls(data["animation"]["frames"]), lanes,
                   row(running, ttft, busy, sizing_mode="stretch_width"), sizing_mode="stretch_width")

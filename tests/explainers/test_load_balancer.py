@@ -12,6 +12,7 @@ from urllib.parse import parse_qsl
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from kvx.explainers.core import traces
 from kvx.explainers.core.params import ParamError
 from kvx.explainers.load_balancer.model import (BY_KEY, MAX_TRACE_REQUESTS, ROUTERS, SHARED, LoadBalancerParams as P,
                                                  evaluate, frame_data, frame_requests, page_data, parse_trace,
@@ -212,10 +213,20 @@ def test_bad_lines_name_the_line_and_field(bad, message):
 
 
 def test_trace_limits():
-    with pytest.raises(ParamError, match=r"at most 5,000 requests; line 5,001 is one more"):
+    # Here (the CLI and the API): 100,000 requests, 50 MB, 5,000,000 hash ids; each refusal is one sentence.
+    assert (MAX_TRACE_REQUESTS, traces.CPYTHON.bytes, traces.CPYTHON.blocks) == (100_000, 50_000_000, 5_000_000)
+    with pytest.raises(ParamError, match=r"^A trace may hold at most 100,000 requests; line 100,001 is one more\."):
         P(trace="\n".join([GOOD] * (MAX_TRACE_REQUESTS + 1)))
-    with pytest.raises(ParamError, match=r"at most 2,000,000 bytes; this one has"):
-        P(trace=GOOD + " " * 2_000_000)
+    with pytest.raises(ParamError, match=r"^A trace may hold at most 50,000,000 bytes; this one passes that at "
+                                         r"line 2\.$"):
+        P(trace=GOOD + "\n" + " " * 50_000_000)
+    small = traces.Limits(requests=3, bytes=10_000, blocks=5, where=" in the browser (use `kvx run` for more)")
+    with pytest.raises(ParamError, match=r"at most 3 requests in the browser \(use `kvx run` for more\); line 4 is"):
+        traces.read_trace([line(0, 512, [0])] * 4, 512, small)
+    with pytest.raises(ParamError, match=r"at most 5 hash ids in all in the browser .*; line 3 passes that\. "
+                                         r"Keep its first 2 lines\."):
+        traces.read_trace([GOOD, GOOD, GOOD], 512, small)
+    assert traces.limits() is traces.CPYTHON                    # Pyodide reports sys.platform "emscripten"
     with pytest.raises(ParamError, match="holds no requests"):
         P(trace="\n\n")
     # Blank lines are skipped, lines out of time order are sorted, unknown fields are ignored.
@@ -340,3 +351,39 @@ def test_a_frame_is_quick_and_the_page_opens_on_stickys_busiest_moment():
     queues = run(P(), "sticky").queue_at_arrival
     assert queues[k] == max(queues)
     assert len(d["formula"]) >= 3 and d["formula"][-1]["name"].startswith("Cache-aware score")
+
+
+# ---- traces at real scale: streamed, checked, and what an unlimited cache would reuse ---------------------
+def test_a_trace_is_read_line_by_line(tmp_path):
+    text = traces.to_jsonl(traces.conversation_like(200, seed=3))
+    path = tmp_path / "t.jsonl"
+    path.write_text(text)
+    with path.open() as f:
+        assert traces.read_trace(f) == parse_trace(text)
+
+    def lines():                                  # a bad line stops the reading there: nothing after it is read
+        yield GOOD
+        yield line(0, 0, [0])
+        raise AssertionError("read past the bad line")
+    with pytest.raises(ParamError, match=r"^The trace's line 2: input_length must be a whole number ≥ 1; got 0\.$"):
+        traces.read_trace(lines())
+
+
+def test_unlimited_cache_hits_by_hand():
+    recs = [{"timestamp": 5, "input_length": 1000, "hash_ids": (0, 1)},
+            {"timestamp": 0, "input_length": 1500, "hash_ids": (0, 2, 3)},
+            {"timestamp": 9, "input_length": 700, "hash_ids": (0, 2)}]
+    # In time order: [0, 2, 3] finds nothing; [0, 1] finds block 0 (512 tokens); [0, 2] finds both, capped at 700.
+    assert traces.unlimited_cache_hits(recs, 512) == (512 + 700, 3_200)
+
+
+def big_trace() -> str:
+    """The fixture: a conversation-shaped trace past the old limits (5,000 requests, 2,000,000 bytes)."""
+    return traces.to_jsonl(traces.conversation_like(8_500, seed=1))
+
+
+def test_the_big_fixture_is_past_the_old_limits_and_deterministic():
+    text = big_trace()
+    assert text == big_trace() and text.count("\n") == 8_500 and len(text.encode()) > 2_000_000
+    recs = parse_trace(text)
+    assert len(recs) == 8_500 and all(len(r["hash_ids"]) == -(-r["input_length"] // 512) for r in recs)
