@@ -18,6 +18,7 @@ from ..core.dtypes import DTYPE_BITS, dtype_bytes
 from ..core.gpus import GPUS
 from ..core.models import MODELS
 from ..core.params import Params, choice, integer, number
+from ..core.timing import prefill_formula, prefill_seconds
 from ..core.units import bytes_si, thousands
 
 POLICIES = ("lru", "lfu", "return-aware")
@@ -49,10 +50,11 @@ def capacity_tokens(p: AgentParams) -> int:
     return cache_renting(CacheRentingParams(model=p.model, gpu=p.gpu, gpu_count=1, kv_dtype=p.kv_dtype))["token_capacity"]
 
 
-def prefill_rate(p: AgentParams) -> float:
-    """Tokens/s of prefill: mfu x peak FLOP/s over 2 FLOPs per parameter per token."""
-    m, g = MODELS[p.model], GPUS[p.gpu]
-    return p.mfu * g.bf16_tflops * 1e12 / (2 * (m.active_params or m.params))
+def prefill_s(p: AgentParams, new_tokens: float, cached_tokens: float = 0) -> float:
+    """Seconds to prefill new tokens that attend to cached ones: the shared time model (core/timing.py),
+    linear FLOPs plus causal attention, at this page's MFU. Attention makes a token late in a long
+    history cost more than one early on, so there is no single tokens-per-second rate."""
+    return prefill_seconds(MODELS[p.model], GPUS[p.gpu], new_tokens, cached_tokens, mfu=p.mfu)
 
 
 def bytes_per_token(p: AgentParams) -> float:
@@ -68,7 +70,14 @@ class Turn:
     cached: int          # history tokens found in GPU memory
     reloaded: int        # history tokens loaded back from the offload tier
     recomputed: int      # history tokens prefilled again
-    seconds: float       # time to first token: new tokens, plus reload or recompute
+    new_seconds: float   # prefill of the turn's new tokens, attending to the whole history before them
+    reload_seconds: float
+    recompute_seconds: float  # prefill of the evicted history, attending to what was found or reloaded
+
+    @property
+    def seconds(self) -> float:
+        """Time to first token: new tokens, plus reload or recompute."""
+        return self.new_seconds + self.reload_seconds + self.recompute_seconds
 
     @property
     def kind(self) -> str:
@@ -82,7 +91,7 @@ def simulate(p: AgentParams, sessions: int | None = None) -> tuple[Turn, ...]:
     """Every turn of every session, in time order (events ordered by time, then a counter)."""
     n = p.sessions if sessions is None else sessions
     rng = random.Random(p.seed)
-    cap, rate, bpt = capacity_tokens(p), prefill_rate(p), bytes_per_token(p)
+    cap, bpt = capacity_tokens(p), bytes_per_token(p)
     bw = OFFLOAD[p.offload] * 1e9
     resident: dict[int, int] = {}        # session -> tokens of its history in GPU memory
     offloaded: dict[int, int] = {}
@@ -100,8 +109,12 @@ def simulate(p: AgentParams, sessions: int | None = None) -> tuple[Turn, ...]:
         cached = min(resident.pop(s, 0), history)
         reloaded = min(offloaded.pop(s, 0), history - cached) if bw else 0
         recomputed = history - cached - reloaded
-        seconds = (prompt - history + recomputed) / rate + reloaded * bpt / (bw or 1)
-        out.append(Turn(s, k, t, prompt, cached, reloaded, recomputed, seconds))
+        # The history is a prefix: found, then reloaded, then recomputed; the new tokens come after all of it.
+        recompute_s = prefill_s(p, recomputed, cached + reloaded) if recomputed else 0.0
+        new_s = prefill_s(p, prompt - history, history)
+        turn = Turn(s, k, t, prompt, cached, reloaded, recomputed, new_s, reloaded * bpt / (bw or 1), recompute_s)
+        seconds = turn.seconds
+        out.append(turn)
         keep = min(prompt + p.output_tokens, cap)   # what this session now holds on the GPU
         pause = rng.expovariate(1 / p.pause_mean_s)
         if k + 1 < p.turns:
@@ -131,14 +144,21 @@ def _policy_key(policy, last_use, uses, next_start):
 
 
 def summary(turns: tuple[Turn, ...]) -> dict:
-    history = sum(t.cached + t.reloaded + t.recomputed for t in turns)
+    """Totals over the run. The hit rate counts returning turns only (a first turn has no history to find);
+    with none, there is no hit rate (None), not a 100% that nothing measured."""
+    history = sum(t.cached + t.reloaded + t.recomputed for t in turns if t.turn > 0)
+    returning = sum(t.turn > 0 for t in turns)
     return {
         "turns": len(turns),
-        "hit_rate": sum(t.cached for t in turns) / history if history else 1.0,
+        "returning_turns": returning,
+        "hit_rate": sum(t.cached for t in turns if t.turn > 0) / history if returning and history else None,
         "reloaded_tokens": sum(t.reloaded for t in turns),
         "recomputed_tokens": sum(t.recomputed for t in turns),
         "mean_turn_seconds": sum(t.seconds for t in turns) / len(turns),
         "max_turn_seconds": max(t.seconds for t in turns),
+        "recompute_seconds": sum(t.recompute_seconds for t in turns),
+        "reload_seconds": sum(t.reload_seconds for t in turns),
+        "new_token_seconds": sum(t.new_seconds for t in turns),
     }
 
 
@@ -146,16 +166,13 @@ def summary(turns: tuple[Turn, ...]) -> dict:
 def evaluate(p: AgentParams) -> dict:
     turns = simulate(p)
     s = summary(turns)
-    rate, bpt = prefill_rate(p), bytes_per_token(p)
-    bw = OFFLOAD[p.offload] * 1e9
+    last_history = p.initial_tokens + (p.turns - 2) * p.growth_tokens      # before the last turn's new tokens
     return {
         **s,
         "capacity_tokens": capacity_tokens(p),
-        "prefill_tokens_per_s": rate,
-        "recompute_seconds": s["recomputed_tokens"] / rate,
-        "reload_seconds": s["reloaded_tokens"] * bpt / bw if bw else 0.0,
-        "hit_turn_seconds": p.growth_tokens / rate,
-        "miss_turn_seconds": (p.initial_tokens + (p.turns - 1) * p.growth_tokens) / rate,
+        # The last turn is the dearest: its new tokens attend to the longest history.
+        "hit_turn_seconds": prefill_s(p, p.growth_tokens, last_history) if p.turns > 1 else None,
+        "miss_turn_seconds": prefill_s(p, p.initial_tokens + (p.turns - 1) * p.growth_tokens),
         "sessions_that_fit": capacity_tokens(p) // (p.initial_tokens + (p.turns - 1) * p.growth_tokens
                                                     + p.output_tokens),
     }
@@ -164,7 +181,9 @@ def evaluate(p: AgentParams) -> dict:
 def page_data(p: AgentParams) -> dict:
     r = evaluate(p)
     turns = simulate(p)
-    cliff = [summary(simulate(p, None if n == p.sessions else n))["hit_rate"] for n in CLIFF_SESSIONS]
+    # With one turn per session nobody returns, so no session count has a hit rate: the cliff stays empty.
+    cliff = [summary(simulate(p, None if n == p.sessions else n))["hit_rate"] for n in CLIFF_SESSIONS] \
+        if p.turns > 1 else []
     frames, captions = _frames(turns)
     return {
         "animation": {"source": "turns", "frames": len(captions), "captions": captions},
@@ -172,16 +191,17 @@ def page_data(p: AgentParams) -> dict:
             "turns": {"start": [t.start for t in turns], "seconds": [t.seconds for t in turns],
                       "session": [str(t.session) for t in turns], "kind": [t.kind for t in turns],
                       "prompt": [t.prompt for t in turns], "frame": frames},
-            "cliff": {"sessions": CLIFF_SESSIONS, "hit_rate": cliff},
-            "here": {"sessions": [p.sessions], "hit_rate": [r["hit_rate"]]},
+            "cliff": {"sessions": CLIFF_SESSIONS if cliff else [], "hit_rate": cliff},
+            "here": {"sessions": [p.sessions] if cliff else [], "hit_rate": [r["hit_rate"]] if cliff else []},
             "split": {"what": ["recompute", "reload", "new tokens"],
-                      "seconds": [r["recompute_seconds"], r["reload_seconds"],
-                                  r["turns"] * p.growth_tokens / r["prefill_tokens_per_s"]]},
+                      "seconds": [r["recompute_seconds"], r["reload_seconds"], r["new_token_seconds"]]},
         },
         "ranges": {"turns_x": [0, 1.03 * max(t.start + t.seconds for t in turns)]},  # fixed while animating
         "formula": formula(p, r),
         "readouts": readouts(p, r),
-        "notes": [],
+        "notes": [] if r["hit_rate"] is not None else [
+            "With one turn per session no session comes back, so there is no history to find and no hit rate: "
+            "give the sessions two turns or more."],
     }
 
 
@@ -209,36 +229,39 @@ def formula(p: AgentParams, r: dict) -> list[dict]:
     bpt = bytes_per_token(p)
     longest = p.initial_tokens + (p.turns - 1) * p.growth_tokens + p.output_tokens
     bw = OFFLOAD[p.offload]
-    return [
+    rows = [
         {"name": "KV memory", "formula": "(GPU memory − weights − workspace) ÷ KV bytes per token  (cache-renting)",
          "substituted": f"{bytes_si(r['capacity_tokens'] * bpt)} ÷ {thousands(bpt)} B",
          "result": f"{thousands(r['capacity_tokens'])} tokens"},
         {"name": "Sessions at full length", "formula": "KV tokens ÷ (initial + (turns − 1) × growth + output)",
          "substituted": f"{thousands(r['capacity_tokens'])} ÷ {thousands(longest)}",
          "result": f"{r['sessions_that_fit']} of {p.sessions}"},
-        {"name": "Prefill rate", "formula": "MFU × peak FLOP/s ÷ (2 × parameters)",
-         "substituted": f"{p.mfu:g} × {g.bf16_tflops:g}e12 ÷ (2 × {(m.active_params or m.params) / 1e9:g}e9)",
-         "result": f"{r['prefill_tokens_per_s']:,.0f} tokens/s"},
-        {"name": "A turn that hits", "formula": "growth ÷ prefill rate",
-         "substituted": f"{thousands(p.growth_tokens)} ÷ {r['prefill_tokens_per_s']:,.0f}",
-         "result": f"{r['hit_turn_seconds']:.2f} s"},
-        {"name": "A last turn that misses", "formula": "whole prompt ÷ prefill rate, or history × bytes ÷ offload "
-                                                      "bandwidth + growth ÷ prefill rate",
-         "substituted": f"{thousands(longest - p.output_tokens)} ÷ {r['prefill_tokens_per_s']:,.0f}"
-                        + (f"; or reload at {bw:g} GB/s" if bw else ""),
-         "result": f"{r['miss_turn_seconds']:.2f} s to recompute"},
-        {"name": "Hit rate", "formula": "history tokens found in GPU memory ÷ history tokens needed",
-         "substituted": f"over {r['turns']} turns", "result": f"{r['hit_rate']:.1%}"},
     ]
+    if p.turns > 1:
+        last_history = longest - p.output_tokens - p.growth_tokens
+        rows.append({**prefill_formula(m, g, p.growth_tokens, last_history, mfu=p.mfu),
+                     "name": "A last turn that hits: its new tokens over the whole history"})
+    miss = prefill_formula(m, g, longest - p.output_tokens, 0, mfu=p.mfu)
+    rows.append({**miss, "name": "A last turn that misses: the whole prompt again",
+                 "substituted": miss["substituted"] + (f"; or reload the history at {bw:g} GB/s" if bw else "")})
+    rows.append({"name": "Hit rate", "formula": "history tokens found in GPU memory ÷ history tokens needed, "
+                                                "over returning turns",
+                 "substituted": f"over {r['returning_turns']} returning turns of {r['turns']}",
+                 "result": "none: no session returns" if r["hit_rate"] is None else f"{r['hit_rate']:.1%}"})
+    return rows
 
 
 def readouts(p: AgentParams, r: dict) -> list[dict]:
+    hit = r["hit_turn_seconds"]
     return [
-        {"label": "Hit rate", "value": f"{r['hit_rate']:.0%}", "detail": "of history found in GPU memory"},
+        {"label": "Hit rate", "value": "none" if r["hit_rate"] is None else f"{r['hit_rate']:.0%}",
+         "detail": "no session returns: one turn each" if r["hit_rate"] is None
+         else "of returning turns' history found in GPU memory"},
         {"label": "Sessions that fit", "value": f"{r['sessions_that_fit']} of {p.sessions}",
          "detail": f"at full length, in {thousands(r['capacity_tokens'])} tokens of KV"},
         {"label": "Mean turn", "value": f"{r['mean_turn_seconds']:.2f} s",
-         "detail": f"a hit costs {r['hit_turn_seconds']:.2f} s; the worst turn {r['max_turn_seconds']:.2f} s"},
+         "detail": (f"a last turn that hits costs {hit:.2f} s; " if hit is not None else "")
+         + f"the worst turn {r['max_turn_seconds']:.2f} s"},
         {"label": "Recompute vs reload", "value": f"{r['recompute_seconds']:.0f} s / {r['reload_seconds']:.0f} s",
          "detail": "of GPU time over the run"},
     ]
