@@ -12,7 +12,8 @@ import dataclasses
 from ..core.dtypes import DTYPE_BITS, dtype_bytes
 from ..core.gpus import GPUS
 from ..core.models import MODELS
-from ..core.params import Params, choice, integer
+from ..core.params import Params, choice, integer, number
+from ..core.timing import decode_step, decode_weights_formula, weight_params_read
 from ..core.units import bytes_si, thousands, tokens
 
 DTYPES = tuple(DTYPE_BITS)
@@ -31,34 +32,22 @@ class QuantizationParams(Params):
                            help="KV cache precision: a dtype or an average bit-width such as 4.5")
     context: int = integer(2_000, unit="tokens", min=1, max=10_000_000, help="Tokens in each sequence's cache")
     batch: int = integer(1, unit="sequences", min=1, max=65_536, help="Sequences decoded together")
+    bandwidth_efficiency: float = number(1.0, unit="share", min=0.05, max=1.0,
+                                         help="Share of datasheet memory bandwidth a step reaches (1: the roofline)")
+    mfu: float = number(1.0, unit="share", min=0.01, max=1.0,
+                        help="Share of peak BF16 FLOP/s a step reaches (1: the roofline)")
 
 
-def attention_flops_per_cached_token(m) -> float:
-    """FLOPs one new token spends on each cached token, all layers: scores, then the weighted sum.
-
-    MHA/GQA/MQA: 2 x heads x head_dim for q.k plus the same for weights x V.
-    MLA (absorbed, as DeepSeek decodes): 2 x heads x (latent + rope) plus 2 x heads x latent.
-    """
-    if m.attention == "MLA":
-        return m.layers * (2 * m.q_heads * (m.kv_latent + m.rope_dim) + 2 * m.q_heads * m.kv_latent)
-    return m.layers * 4 * m.q_heads * m.head_dim
-
-
-def step(m, gpu, weight_dtype: str, kv_dtype: str, context: int, batch: int) -> dict:
-    """One decode step of `batch` sequences: bytes, FLOPs, time and tokens per second."""
-    active = m.active_params or m.params
-    weight_bytes = active * dtype_bytes(weight_dtype)
-    kv_bytes = batch * context * m.kv_bytes_per_token(dtype_bytes(kv_dtype))
-    flops = 2 * active * batch + batch * context * attention_flops_per_cached_token(m)
-    memory_s = (weight_bytes + kv_bytes) / (gpu.bandwidth_gbs * 1e9)
-    compute_s = flops / (gpu.bf16_tflops * 1e12)
-    seconds = max(memory_s, compute_s)
+def step(m, gpu, weight_dtype: str, kv_dtype: str, context: int, batch: int, bandwidth_efficiency: float = 1.0,
+         mfu: float = 1.0) -> dict:
+    """One decode step of `batch` sequences: the shared time model (core/timing.py), plus tokens per second.
+    A mixture of experts reads the experts its batch touches, not only the active parameters."""
+    s = decode_step(m, gpu, batch=batch, context=context, weight_bytes_per_param=dtype_bytes(weight_dtype),
+                    kv_bytes_per_element=dtype_bytes(kv_dtype), bandwidth_efficiency=bandwidth_efficiency, mfu=mfu)
     return {
-        "weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "bytes": weight_bytes + kv_bytes, "flops": flops,
-        "memory_seconds": memory_s, "compute_seconds": compute_s, "seconds": seconds,
-        "bound": "memory" if memory_s >= compute_s else "compute",
-        "intensity": flops / (weight_bytes + kv_bytes),
-        "tokens_per_s_per_user": 1 / seconds, "tokens_per_s_total": batch / seconds,
+        **s, "memory_seconds": s["memory_s"], "compute_seconds": s["compute_s"],
+        "intensity": s["flops"] / s["bytes"],
+        "tokens_per_s_per_user": 1 / s["seconds"], "tokens_per_s_total": batch / s["seconds"],
     }
 
 
@@ -73,16 +62,17 @@ def variants(p: QuantizationParams) -> dict[str, tuple[str, str]]:
 
 
 def crossover_context(m, weight_dtype: str, kv_dtype: str, batch: int) -> float:
-    """The context at which the batch's cache is as many bytes as the weights."""
-    return (m.active_params or m.params) * dtype_bytes(weight_dtype) / (batch * m.kv_bytes_per_token(dtype_bytes(kv_dtype)))
+    """The context at which the batch's cache is as many bytes as the weights the step reads."""
+    return weight_params_read(m, batch) * dtype_bytes(weight_dtype) / (batch * m.kv_bytes_per_token(dtype_bytes(kv_dtype)))
 
 
 def evaluate(p: QuantizationParams) -> dict:
     m, gpu = MODELS[p.model], GPUS[p.gpu]
-    chosen = step(m, gpu, p.weight_dtype, p.kv_dtype, p.context, p.batch)
-    base = step(m, gpu, BASELINE, BASELINE, p.context, p.batch)
-    weights_only = step(m, gpu, p.weight_dtype, BASELINE, p.context, p.batch)
-    cache_only = step(m, gpu, BASELINE, p.kv_dtype, p.context, p.batch)
+    eff = (p.bandwidth_efficiency, p.mfu)
+    chosen = step(m, gpu, p.weight_dtype, p.kv_dtype, p.context, p.batch, *eff)
+    base = step(m, gpu, BASELINE, BASELINE, p.context, p.batch, *eff)
+    weights_only = step(m, gpu, p.weight_dtype, BASELINE, p.context, p.batch, *eff)
+    cache_only = step(m, gpu, BASELINE, p.kv_dtype, p.context, p.batch, *eff)
     memory_needed = (m.params * dtype_bytes(p.weight_dtype)
                      + p.batch * p.context * m.kv_bytes_per_token(dtype_bytes(p.kv_dtype)))
     return {
@@ -101,11 +91,12 @@ def page_data(p: QuantizationParams) -> dict:
     m, gpu = MODELS[p.model], GPUS[p.gpu]
     r = evaluate(p)
     combos = variants(p)
-    steps = {name: step(m, gpu, w, kv, p.context, p.batch) for name, (w, kv) in combos.items()}
+    eff = (p.bandwidth_efficiency, p.mfu)
+    steps = {name: step(m, gpu, w, kv, p.context, p.batch, *eff) for name, (w, kv) in combos.items()}
     names = list(steps)
     ridge = gpu.bf16_tflops * 1e12 / (gpu.bandwidth_gbs * 1e9)
     intensities = [10 ** (i / 4) for i in range(-4, 17)]                 # 0.1 .. 10,000 FLOP/byte
-    curve = {name: [step(m, gpu, w, kv, c, p.batch)["tokens_per_s_per_user"] for c in CURVE_CONTEXTS]
+    curve = {name: [step(m, gpu, w, kv, c, p.batch, *eff)["tokens_per_s_per_user"] for c in CURVE_CONTEXTS]
              for name, (w, kv) in variants(p).items()}
     batches = sorted(set(CURVE_BATCHES + [p.batch]))
     return {
@@ -163,21 +154,22 @@ def describe_run(p: QuantizationParams, reply: dict) -> str:
 
 def formula(p: QuantizationParams, r: dict, ridge: float) -> list[dict]:
     m, gpu = MODELS[p.model], GPUS[p.gpu]
-    active = m.active_params or m.params
     per_token = m.kv_bytes_per_token(dtype_bytes(p.kv_dtype))
     return [
-        {"name": "Weight bytes per step", "formula": "active params × weight bytes",
-         "substituted": f"{active / 1e9:g}e9 × {dtype_bytes(p.weight_dtype):g} B",
+        {"name": "Weight bytes per step",
+         "formula": ("(always-used params + MoE layers × E × (1 − (1 − k/E)^batch) × params per expert) "
+                     "× weight bytes" if m.is_moe else "params × weight bytes"),
+         "substituted": f"{decode_weights_formula(m, p.batch)} × {dtype_bytes(p.weight_dtype):g} B",
          "result": bytes_si(r["weight_bytes"], 2)},
         {"name": "Cache bytes per step", "formula": "batch × context × KV bytes per token",
          "substituted": f"{thousands(p.batch)} × {tokens(p.context)} × {thousands(per_token)} B",
          "result": bytes_si(r["kv_bytes"], 2)},
-        {"name": "Memory time", "formula": "(weight bytes + cache bytes) ÷ bandwidth",
-         "substituted": f"{bytes_si(r['bytes'], 2)} ÷ {gpu.bandwidth_gbs:,g} GB/s",
+        {"name": "Memory time", "formula": "(weight bytes + cache bytes) ÷ (bandwidth × efficiency)",
+         "substituted": f"{bytes_si(r['bytes'], 2)} ÷ ({gpu.bandwidth_gbs:,g} GB/s × {p.bandwidth_efficiency:g})",
          "result": f"{r['memory_seconds'] * 1e3:.3f} ms"},
         {"name": "Compute time", "formula": "(2 × active params × batch + batch × context × attention FLOPs/token) "
-                                            "÷ peak FLOP/s",
-         "substituted": f"{r['flops'] / 1e12:.4g} TFLOP ÷ {gpu.bf16_tflops:,g} TFLOP/s",
+                                            "÷ (peak FLOP/s × MFU)",
+         "substituted": f"{r['flops'] / 1e12:.4g} TFLOP ÷ ({gpu.bf16_tflops:,g} TFLOP/s × {p.mfu:g})",
          "result": f"{r['compute_seconds'] * 1e3:.3f} ms"},
         {"name": "Step time", "formula": "max(memory time, compute time)  (roofline)",
          "substituted": f"max({r['memory_seconds'] * 1e3:.3f}, {r['compute_seconds'] * 1e3:.3f}) ms; "
@@ -213,8 +205,10 @@ def notes(p: QuantizationParams, r: dict) -> list[str]:
     if not r["fits_one_gpu"]:
         out.append(f"This needs {bytes_si(r['memory_needed_bytes'])} of memory, more than one {gpu.title} has "
                    f"({gpu.memory_gb:g} GB): the timing is per GPU's worth of bytes, as if spread over several.")
-    if m.active_params:
+    if m.is_moe:
         out.append(f"{m.title} is a mixture of experts: a step reads only its {m.active_params / 1e9:g}B active "
-                   f"parameters at batch 1, and more experts as the batch grows.")
+                   f"parameters at batch 1, but a batch of {thousands(p.batch)} touches "
+                   f"{r['experts_touched']:,.1f} of its {m.experts} routed experts per layer on average, so it reads "
+                   f"{r['weight_params_read'] / 1e9:,.1f}B of its {m.params / 1e9:g}B parameters.")
     return out
 

@@ -85,3 +85,36 @@ def test_invariants(p):
 def test_more_context_means_a_larger_cache_share(p, factor):
     longer = P(**{**p.as_dict(), "context": min(10_000_000, p.context * factor)})
     assert evaluate(longer)["cache_share"] >= evaluate(p)["cache_share"]
+
+
+def test_moe_step_reads_the_experts_its_batch_touches():
+    """DeepSeek-V3: 37B parameters at batch 1; at batch 256 the expected distinct experts, 256 × (1 − (31/32)^256)
+    = 255.9 per MoE layer, so 16.57B always used + 58 × 255.92 × 44.04M = 670.3B parameters."""
+    one = evaluate(P(model="deepseek-v3", weight_dtype="bf16", kv_dtype="bf16"))
+    many = evaluate(P(model="deepseek-v3", weight_dtype="bf16", kv_dtype="bf16", batch=256))
+    assert one["weight_bytes"] == pytest.approx(37e9 * 2)
+    always = 37e9 - 58 * 8 * 3 * 7168 * 2048
+    assert many["weight_bytes"] == pytest.approx(2 * (always + 58 * 256 * (1 - (1 - 8 / 256) ** 256) * 3 * 7168 * 2048))
+    assert round(many["weight_bytes"] / 1e9) == 1341 and round(many["experts_touched"], 1) == 255.9
+    # The crossover compares the cache with the weights the batch reads, so a MoE batch crosses later.
+    m = MODELS["deepseek-v3"]
+    assert crossover_context(m, "bf16", "bf16", 256) == pytest.approx(many["weight_bytes"] / (256 * m.kv_bytes_per_token(2)))
+    d = page_data(P(model="deepseek-v3", batch=256))
+    assert "255.9 experts" in d["formula"][0]["substituted"] and any("255.9 of its 256" in n for n in d["notes"])
+
+
+def test_bandwidth_efficiency_and_mfu_scale_the_times():
+    base, slow = evaluate(P()), evaluate(P(bandwidth_efficiency=0.8, mfu=0.5))
+    assert slow["memory_seconds"] == pytest.approx(base["memory_seconds"] / 0.8)
+    assert slow["compute_seconds"] == pytest.approx(base["compute_seconds"] / 0.5)
+    assert slow["speedup_from_weights"] == pytest.approx(base["speedup_from_weights"])   # memory-bound: a ratio
+
+
+def test_the_speedup_claim_is_a_bound_next_to_measurements():
+    """The roofline gives a bound ('up to'); the page shows the published end-to-end figures next to it."""
+    from kvx.explainers.registry import REGISTRY
+    claim = REGISTRY["quantization"].claim
+    assert "up to three to four times" in claim and "2.8" in claim
+    assert "up to 3.82×" in PAGE and "up to 2.8×" in PAGE and "Hugging Face FP16" in PAGE and "PPoPP 2025" in PAGE
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert "up to 3-4×" in readme and "about 3-4×" not in readme
