@@ -187,9 +187,9 @@ def formula(p: QuantizationParams, r: dict, ridge: float) -> list[dict]:
 def readouts(p: QuantizationParams, r: dict) -> list[dict]:
     return [
         {"label": f"{p.weight_dtype} weights", "value": f"{r['speedup_from_weights']:.2f}×",
-         "detail": f"faster than {BASELINE} weights (cache at {BASELINE})"},
+         "detail": f"{_than(r['speedup_from_weights'])} {BASELINE} weights (cache at {BASELINE})"},
         {"label": f"{p.kv_dtype} cache", "value": f"{r['speedup_from_cache']:.2f}×",
-         "detail": f"faster than a {BASELINE} cache (weights at {BASELINE})"},
+         "detail": f"{_than(r['speedup_from_cache'])} a {BASELINE} cache (weights at {BASELINE})"},
         {"label": "Cache share of bytes", "value": f"{r['cache_share']:.0%}",
          "detail": f"{bytes_si(r['kv_bytes'])} of {bytes_si(r['bytes'])} read per step"},
         {"label": "Per user", "value": f"{r['tokens_per_s_per_user']:,.0f} tok/s",
@@ -197,6 +197,11 @@ def readouts(p: QuantizationParams, r: dict) -> list[dict]:
         {"label": "In total", "value": f"{r['tokens_per_s_total']:,.0f} tok/s",
          "detail": f"batch of {thousands(p.batch)}"},
     ]
+
+
+def _than(speedup: float) -> str:
+    """A dtype wider than the baseline (fp32) slows the step: say so instead of "0.50× faster"."""
+    return "faster than" if speedup >= 1 else "the speed of"
 
 
 def notes(p: QuantizationParams, r: dict) -> list[str]:

@@ -118,3 +118,9 @@ def test_the_speedup_claim_is_a_bound_next_to_measurements():
     assert "up to 3.82×" in PAGE and "up to 2.8×" in PAGE and "Hugging Face FP16" in PAGE and "PPoPP 2025" in PAGE
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert "up to 3-4×" in readme and "about 3-4×" not in readme
+
+
+def test_a_wider_dtype_is_not_called_faster():
+    r = page_data(P(weight_dtype="fp32", kv_dtype="fp32"))["readouts"]
+    assert r[0]["value"] == "0.50×" and r[0]["detail"].startswith("the speed of")
+    assert page_data(P())["readouts"][0]["detail"].startswith("faster than")
