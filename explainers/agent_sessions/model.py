@@ -17,12 +17,14 @@ from ..cache_renting.model import CacheRentingParams, evaluate as cache_renting
 from ..core.dtypes import DTYPE_BITS, dtype_bytes
 from ..core.gpus import GPUS
 from ..core.models import MODELS
-from ..core.params import Params, choice, integer, number
+from ..core.limits import check_weights_fit
+from ..core.params import ParamError, Params, choice, integer, number
 from ..core.timing import prefill_formula, prefill_seconds
 from ..core.units import bytes_si, thousands
 
 POLICIES = ("lru", "lfu", "return-aware")
 OFFLOAD = {"none": 0.0, "host-dram": 50.0, "ssd": 7.0}       # GB/s: PCIe 5 x16 in practice; one NVMe Gen4 drive
+RESERVE_GB = CacheRentingParams.__dataclass_fields__["reserve_gb_per_gpu"].default   # its workspace per GPU
 CLIFF_SESSIONS = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32]
 
 
@@ -43,6 +45,24 @@ class AgentParams(Params):
     policy: str = choice("lru", POLICIES, help="Which session's history is evicted first")
     offload: str = choice("none", tuple(OFFLOAD), help="Where evicted history goes (none: dropped)")
     seed: int = integer(0, unit="seed", min=0, max=10_000, help="Seed for the pauses")
+
+    def __post_init__(self):
+        super().__post_init__()
+        m = MODELS[self.model]
+        # One GPU holds the weights (bf16) and the cache-renting page's workspace; the last turn must fit the model.
+        check_weights_fit("model", m, GPUS[self.gpu], 1, 2, "bf16", reserve_bytes_per_gpu=RESERVE_GB * 1e9)
+        last = self.initial_tokens + (self.turns - 1) * self.growth_tokens + self.output_tokens
+        if last > m.max_context:
+            room = m.max_context - self.output_tokens                  # prompt tokens the last turn may hold
+            if room < 1:
+                field, value, limit = "output_tokens", self.output_tokens, m.max_context - 1
+            elif self.initial_tokens > room:
+                field, value, limit = "initial_tokens", self.initial_tokens, room
+            else:
+                field, value, limit = "turns", self.turns, (room - self.initial_tokens) // self.growth_tokens + 1
+            raise ParamError(field, f"{field} must be at most {limit:,} so that the last turn (initial + (turns − 1) "
+                                    f"× growth + output = {last:,} tokens) stays within {m.title}'s "
+                                    f"{m.max_context:,}-token context; got {value:,}.")
 
 
 def capacity_tokens(p: AgentParams) -> int:

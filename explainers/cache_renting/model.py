@@ -13,7 +13,8 @@ import math
 from ..core.dtypes import DTYPE_BITS, dtype_bytes, dtype_label
 from ..core.gpus import GPUS
 from ..core.models import MODELS
-from ..core.params import Params, choice, integer, number
+from ..core.limits import check_pipeline_parallel, check_tensor_parallel, check_weights_fit
+from ..core.params import ParamError, Params, choice, integer, number
 from ..core.units import GB, bytes_both, bytes_iec, bytes_si, thousands, tokens
 
 DTYPES = tuple(DTYPE_BITS)
@@ -38,6 +39,22 @@ class CacheRentingParams(Params):
                                        help="Memory each GPU holds back for activations, CUDA graphs, NCCL")
     kv_memory_gb: float | None = number(None, unit="GB", min=0.001, max=1_000_000, optional=True,
                                         help="Override: memory left for the KV cache (empty: derive it)")
+
+    def __post_init__(self):
+        super().__post_init__()
+        m, gpu = MODELS[self.model], GPUS[self.gpu]
+        if self.parallelism == "tensor":
+            check_tensor_parallel("gpu_count", m, self.gpu_count)
+        else:
+            check_pipeline_parallel("gpu_count", m, self.gpu_count)
+        check_weights_fit("gpu_count", m, gpu, self.gpu_count, dtype_bytes(self.weight_dtype), self.weight_dtype)
+        if self.kv_memory_gb is None:
+            # The workspace comes out of what the weights leave; more than that leaves negative memory for KV.
+            room = (gpu.memory_bytes * self.gpu_count - m.params * dtype_bytes(self.weight_dtype)) / self.gpu_count
+            if self.reserve_gb_per_gpu * GB > room:
+                raise ParamError("reserve_gb_per_gpu", f"reserve_gb_per_gpu must be at most {room / GB:,.2f} GB, "
+                                                       f"what each GPU has left after the weights; got "
+                                                       f"{self.reserve_gb_per_gpu:g}.")
 
 
 def replication(p: CacheRentingParams) -> float:

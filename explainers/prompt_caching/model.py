@@ -65,9 +65,38 @@ def cost_per_request(p: PromptCachingParams, hit_rate: float | None) -> float:
     return p.prefix_tokens * p.input_price * m * prefix_mult + rest
 
 
-def break_even_hit_rate(p: PromptCachingParams) -> float:
-    """Hit rate above which caching is cheaper: h read + (1 - h) write = 1."""
-    return (p.write_multiplier - 1) / (p.write_multiplier - p.read_multiplier)
+def break_even(p: PromptCachingParams) -> dict:
+    """Where caching starts to pay: the hit rate h with h read + (1 − h) write = 1, and the rate that gives it.
+
+    The multipliers are bounded (write ≥ 1 ≥ read), so h = (write − 1) ÷ (write − read) lies in [0, 1], with
+    three ends that have no crossing: write = read = 1 (caching changes nothing, at any hit rate), read = 1
+    < write (a read saves nothing, so the writes' surcharge is never paid back: caching never pays), and
+    write = 1 (nothing to pay back: any hit pays). None, never an infinity, where there is no such rate.
+    """
+    w, r = p.write_multiplier, p.read_multiplier
+    if w == r:
+        return {"kind": "no difference", "hit_rate": None, "rate_per_min": None}
+    if r >= 1:
+        return {"kind": "never", "hit_rate": None, "rate_per_min": None}
+    h = (w - 1) / (w - r)
+    return {"kind": "always" if h == 0 else "crossing", "hit_rate": h,
+            "rate_per_min": -math.log(1 - h) / p.lifetime_s * 60}
+
+
+def break_even_hit_rate(p: PromptCachingParams) -> float | None:
+    """Hit rate above which caching is cheaper; None where no hit rate makes it so (see break_even)."""
+    return break_even(p)["hit_rate"]
+
+
+def break_even_words(b: dict) -> str:
+    """The break-even in one phrase, for the formula and the readouts."""
+    if b["kind"] == "no difference":
+        return "none: with write = read = 1× input, caching costs the same as not caching at any hit rate"
+    if b["kind"] == "never":
+        return "none: a read costs the full input price, so the writes' surcharge is never paid back"
+    if b["kind"] == "always":
+        return "0% hits: a write costs no more than input, so any hit pays"
+    return f"{b['hit_rate']:.1%} hits, at {b['rate_per_min']:.3g} requests/min"
 
 
 def simulate(p: PromptCachingParams) -> list[dict]:
@@ -95,19 +124,20 @@ def evaluate(p: PromptCachingParams) -> dict:
     events = simulate(p)
     requests = [e for e in events if e["kind"] != "expiry"]
     sim_hits = sum(e["kind"] == "hit" for e in requests)
-    be = break_even_hit_rate(p)
+    be = break_even(p)
     without, with_ = cost_per_request(p, None), cost_per_request(p, h)
     saved_s = p.prefix_tokens / p.prefill_rate
     return {
         "reuses_per_lifetime": reuses,
         "hit_rate": h,
         "simulated_requests": len(requests),
-        "simulated_hit_rate": sim_hits / len(requests) if requests else 0.0,
+        "simulated_hit_rate": sim_hits / len(requests) if requests else None,      # no requests, no rate
         "cost_without": without,
         "cost_with": with_,
         "saving": 1 - with_ / without,
-        "break_even_hit_rate": be,
-        "break_even_rate_per_min": -math.log(1 - be) / p.lifetime_s * 60 if be < 1 else math.inf,
+        "break_even_kind": be["kind"],
+        "break_even_hit_rate": be["hit_rate"],
+        "break_even_rate_per_min": be["rate_per_min"],
         "self_hosted_prefill_s_saved_per_hit": saved_s,
         "self_hosted_dollars_saved_per_hour": p.rate_per_min * 60 * h * saved_s / 3600 * p.gpu_price_per_hour,
     }
@@ -132,8 +162,9 @@ def page_data(p: PromptCachingParams) -> dict:
                       "with_cache": [cost_per_request(p, hit_probability(x)) * 1e3 for x in xs]},
             "here": {"reuses": [r["reuses_per_lifetime"]], "cost": [r["cost_with"] * 1e3],
                      "text": [f"you: {r['hit_rate']:.0%} hits, {r['saving']:+.0%} saved"]},
-            "break_even": {"reuses": [-math.log(1 - r["break_even_hit_rate"])] * 2 if r["break_even_hit_rate"] < 1
-                           else [1e9, 1e9], "y": [0, r["cost_without"] * 1e3 * 1.3]},
+            "break_even": ({"reuses": [-math.log(1 - r["break_even_hit_rate"])] * 2,
+                            "y": [0, r["cost_without"] * 1e3 * 1.3]}
+                           if r["break_even_kind"] == "crossing" else {"reuses": [], "y": []}),
             "timeline": {"t": [e["t"] / 60 for e in events], "kind": kinds,
                          "y": [{"write": 2, "hit": 1, "expiry": 0}[k] for k in kinds]},
             "alive": alive,
@@ -152,8 +183,7 @@ def formula(p: PromptCachingParams, r: dict) -> list[dict]:
          "substituted": f"{p.rate_per_min:g}/min × {p.lifetime_s:g} s", "result": f"{r['reuses_per_lifetime']:.3g}"},
         {"name": "Hit rate", "formula": "1 − exp(−rate × lifetime)   (Poisson arrivals, lifetime refreshed on use)",
          "substituted": f"1 − exp(−{r['reuses_per_lifetime']:.3g})",
-         "result": f"{r['hit_rate']:.1%} (simulated: {r['simulated_hit_rate']:.1%} of {r['simulated_requests']} "
-                   f"requests)"},
+         "result": f"{r['hit_rate']:.1%} ({simulated_words(r)})"},
         {"name": "Prefix cost multiplier", "formula": "hit rate × read + (1 − hit rate) × write",
          "substituted": f"{r['hit_rate']:.3f} × {p.read_multiplier:g} + {1 - r['hit_rate']:.3f} × "
                         f"{p.write_multiplier:g}",
@@ -165,12 +195,25 @@ def formula(p: PromptCachingParams, r: dict) -> list[dict]:
          "result": f"${r['cost_with']:.5f} with caching, ${r['cost_without']:.5f} without"},
         {"name": "Break-even", "formula": "hit rate > (write − 1) ÷ (write − read)",
          "substituted": f"({p.write_multiplier:g} − 1) ÷ ({p.write_multiplier:g} − {p.read_multiplier:g})",
-         "result": f"{r['break_even_hit_rate']:.1%} hits, at {r['break_even_rate_per_min']:.3g} requests/min"},
+         "result": break_even_words(break_even(p))},
         {"name": "Self-hosted", "formula": "a hit saves prefix ÷ prefill rate of GPU time",
          "substituted": f"{thousands(p.prefix_tokens)} ÷ {thousands(p.prefill_rate)} tokens/s",
          "result": f"{r['self_hosted_prefill_s_saved_per_hit']:.2f} s per hit, "
                    f"${r['self_hosted_dollars_saved_per_hour']:.3f} of GPU time per hour"},
     ]
+
+
+MIN_SIMULATED = 30      # fewer requests than this and the simulated rate says little about the formula
+
+
+def simulated_words(r: dict) -> str:
+    n = r["simulated_requests"]
+    if n == 0:
+        return "no request arrived in the simulated time, so the simulation has nothing to check"
+    if n < MIN_SIMULATED:
+        return (f"simulated: {r['simulated_hit_rate']:.0%} of {n} request{'s' if n > 1 else ''}, too few to check "
+                f"the formula; simulate longer")
+    return f"simulated: {r['simulated_hit_rate']:.1%} of {n:,} requests"
 
 
 def readouts(p: PromptCachingParams, r: dict) -> list[dict]:
@@ -181,6 +224,8 @@ def readouts(p: PromptCachingParams, r: dict) -> list[dict]:
          "detail": f"with caching; ${r['cost_without'] * 1e3:.2f} without"},
         {"label": "Saving", "value": f"{r['saving']:.0%}",
          "detail": "of each request's cost" if r["saving"] >= 0 else "caching costs more than not caching"},
-        {"label": "Break-even", "value": f"{r['break_even_hit_rate']:.0%}",
-         "detail": f"hits, or {r['break_even_rate_per_min']:.2g} requests/min at this lifetime"},
+        {"label": "Break-even", "value": ("none" if r["break_even_hit_rate"] is None
+                                          else f"{r['break_even_hit_rate']:.0%}"),
+         "detail": (f"hits, or {r['break_even_rate_per_min']:.2g} requests/min at this lifetime"
+                    if r["break_even_kind"] == "crossing" else break_even_words(break_even(p)))},
     ]

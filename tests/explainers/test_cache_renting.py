@@ -6,11 +6,14 @@ from pathlib import Path
 from urllib.parse import parse_qsl
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from kvx.explainers.cache_renting.model import (CacheRentingParams as P, evaluate, memory_picture, page_data,
                                                  replication, sessions_that_fit)
+from kvx.explainers.core.dtypes import dtype_bytes
 from kvx.explainers.core.gpus import GPUS
+from kvx.explainers.core.limits import tensor_parallel_degrees
+from kvx.explainers.core.params import ParamError
 from kvx.explainers.core.models import MODELS
 
 
@@ -48,25 +51,55 @@ def test_small_config_by_hand():
     assert r["max_sessions"] == 4
 
 
-def test_weights_that_do_not_fit_leave_no_sessions():
-    r = evaluate(P(model="llama-3-405b", gpu="rtx-4090", gpu_count=1))
-    assert r["kv_memory_bytes"] < 0 and r["max_sessions"] == 0 and r["token_capacity"] == 0
-    assert "no session fits" in memory_picture(P(model="llama-3-405b", gpu="rtx-4090", gpu_count=1), r)["captions"][-1]
+def test_weights_that_do_not_fit_are_refused_with_the_gpus_they_need():
+    # 405.85e9 x 2 B = 811.7 GB over 80 GB cards: 11 GPUs; 10 hold 800 GB.
+    with pytest.raises(ParamError, match=r"^gpu_count must be at least 11 .*811\.7 GB.*; got 1\.$"):
+        P(model="llama-3-405b", gpu="h100-sxm", gpu_count=1)
+    with pytest.raises(ParamError, match="got 8"):
+        P(model="llama-3-405b", gpu="h100-sxm", gpu_count=8)
+    P(model="llama-3-405b", gpu="h100-sxm", gpu_count=16, reserve_gb_per_gpu=0)      # 1,280 GB holds it
+
+
+def test_a_workspace_larger_than_what_the_weights_leave_is_refused():
+    # Llama 3 70B on 8 x 80 GB: (640 - 141.1) / 8 = 62.36 GB per GPU after the weights.
+    with pytest.raises(ParamError, match=r"^reserve_gb_per_gpu must be at most 62\.36 GB.*; got 63\.$"):
+        P(reserve_gb_per_gpu=63)
+    r = evaluate(P(reserve_gb_per_gpu=62.36))
+    assert r["kv_memory_bytes"] >= 0 and r["max_sessions"] == 0
+    assert "no session fits" not in memory_picture(P(reserve_gb_per_gpu=62.36), r)["captions"][-1]
+
+
+@pytest.mark.parametrize("model,gpus,why", [
+    ("llama-3-70b", 3, "64 query heads"),            # vLLM: heads must be divisible by the TP size
+    ("qwen2.5-7b", 8, "28 query heads"),
+    ("falcon-7b", 4, "71 query heads"),
+    ("llama-3-70b", 12, "64 query heads"),
+])
+def test_tensor_parallel_must_split_the_heads(model, gpus, why):
+    with pytest.raises(ParamError, match=f"^gpu_count \\(tensor parallel\\) must divide .*{why}.*; got {gpus}\\.$"):
+        P(model=model, gpu_count=gpus, weight_dtype="int4")
+    P(model=model, gpu_count=gpus, weight_dtype="int4", parallelism="pipeline")    # by layers it splits
+
+
+def test_pipeline_stages_at_most_the_layers():
+    with pytest.raises(ParamError, match="at most Qwen2.5 7B's 28 layers.*got 29"):
+        P(model="qwen2.5-7b", gpu_count=29, parallelism="pipeline")
+    P(model="qwen2.5-7b", gpu_count=28, parallelism="pipeline")
 
 
 @pytest.mark.parametrize("model,gpus,parallelism,copies", [
     ("llama-3-70b", 8, "tensor", 1),      # 8 KV heads over 8 GPUs: one each
     ("llama-3-70b", 16, "tensor", 2),     # 8 KV heads over 16 GPUs: each kept twice
     ("llama-3-70b", 16, "pipeline", 1),   # layers split: nothing kept twice
-    ("qwen2.5-7b", 8, "tensor", 2),       # 4 KV heads over 8 GPUs
-    ("llama-3-70b", 3, "tensor", 9 / 8),  # uneven: 3 heads per GPU, 9 stored for 8
-    ("falcon-7b", 4, "tensor", 4),        # MQA: the one head on every GPU
+    ("qwen2.5-7b", 28, "tensor", 7),      # 4 KV heads over 28 GPUs: each kept 7 times
+    ("llama-3-70b", 32, "tensor", 4),     # 8 KV heads over 32 GPUs
+    ("falcon-7b", 1, "tensor", 1),        # MQA: 71 query heads, so tensor parallel only on one GPU
     ("deepseek-v3", 8, "tensor", 8),      # MLA: the latent on every GPU
     ("deepseek-v3", 8, "pipeline", 1),
-    ("deepseek-v3", 1, "tensor", 1),
+    ("mistral-7b", 1, "tensor", 1),
 ])
 def test_replication_under_parallelism(model, gpus, parallelism, copies):
-    p = P(model=model, gpu_count=gpus, parallelism=parallelism)
+    p = P(model=model, gpu_count=gpus, parallelism=parallelism, weight_dtype="int4")      # int4: the weights fit
     assert replication(p) == copies
     assert evaluate(p)["kv_bytes_per_token"] == MODELS[model].kv_bytes_per_token(2) * copies
 
@@ -87,18 +120,25 @@ def test_try_this_numbers_follow_from_the_model():
     assert evaluate(P())["max_sessions"] == 344 and evaluate(P(kv_dtype="fp8"))["max_sessions"] == 688
 
 
-params_strategy = st.builds(
-    P,
-    model=st.sampled_from(sorted(MODELS)),
-    gpu=st.sampled_from(sorted(GPUS)),
-    gpu_count=st.integers(1, 64),
-    parallelism=st.sampled_from(["tensor", "pipeline"]),
-    weight_dtype=st.sampled_from(["bf16", "fp8", "int4", "4.5"]),
-    kv_dtype=st.sampled_from(["fp32", "fp16", "fp8", "int4", "3.25"]),
-    context=st.integers(1, 10_000_000),
-    reserve_gb_per_gpu=st.floats(0, 20),
-    kv_memory_gb=st.one_of(st.none(), st.floats(0.001, 5000)),
-)
+@st.composite
+def params_strategy(draw):
+    """Configurations that can exist: a parallel degree that splits the model, weights that fit."""
+    model = draw(st.sampled_from(sorted(MODELS)))
+    parallelism = draw(st.sampled_from(["tensor", "pipeline"]))
+    m = MODELS[model]
+    counts = tensor_parallel_degrees(m, 64) if parallelism == "tensor" else list(range(1, min(64, m.layers) + 1))
+    gpu, weight_dtype = draw(st.sampled_from(sorted(GPUS))), draw(st.sampled_from(["bf16", "fp8", "int4", "4.5"]))
+    fits = [n for n in counts if m.params * dtype_bytes(weight_dtype) <= n * GPUS[gpu].memory_bytes]
+    assume(fits)
+    n = draw(st.sampled_from(fits))
+    room = (n * GPUS[gpu].memory_bytes - m.params * dtype_bytes(weight_dtype)) / n / 1e9
+    return P(model=model, gpu=gpu, gpu_count=n, parallelism=parallelism, weight_dtype=weight_dtype,
+             kv_dtype=draw(st.sampled_from(["fp32", "fp16", "fp8", "int4", "3.25"])),
+             context=draw(st.integers(1, 10_000_000)), reserve_gb_per_gpu=draw(st.floats(0, min(20, room))),
+             kv_memory_gb=draw(st.one_of(st.none(), st.floats(0.001, 5000))))
+
+
+params_strategy = params_strategy()
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,6 +1,7 @@
 """prompt-caching: break-even and hit rates by formula, and the simulated timeline's invariants."""
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -9,7 +10,7 @@ from urllib.parse import parse_qsl
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvx.explainers.prompt_caching.model import PromptCachingParams as P, cost_per_request, evaluate, simulate
+from kvx.explainers.prompt_caching.model import PromptCachingParams as P, cost_per_request, evaluate, page_data, simulate
 
 PAGE = (Path(__file__).parents[2] / "explainers" / "prompt_caching" / "page.md").read_text()
 
@@ -57,7 +58,48 @@ def test_timeline_invariants(rate, lifetime, duration, seed):
             assert last_use is None or e["t"] - last_use > lifetime             # a write only after expiry
             last_use = e["t"]
     r = evaluate(p)
-    assert 0 <= r["simulated_hit_rate"] <= 1 and 0 <= r["hit_rate"] <= 1
+    assert 0 <= r["hit_rate"] <= 1
+    assert (r["simulated_hit_rate"] is None) == (r["simulated_requests"] == 0)
+    assert r["simulated_hit_rate"] is None or 0 <= r["simulated_hit_rate"] <= 1
+
+
+def test_equal_multipliers_make_caching_change_nothing():
+    """write = read = 1: the prefix costs 1x input whether it hits or not; no break-even, no crash."""
+    p = P(write_multiplier=1, read_multiplier=1)
+    r = evaluate(p)
+    assert (r["break_even_kind"], r["break_even_hit_rate"], r["break_even_rate_per_min"]) == ("no difference", None, None)
+    assert r["cost_with"] == pytest.approx(r["cost_without"]) and r["saving"] == pytest.approx(0, abs=1e-12)
+    d = page_data(p)
+    json.dumps(r, allow_nan=False), json.dumps(d, allow_nan=False)
+    assert d["sources"]["break_even"] == {"reuses": [], "y": []}
+    assert "costs the same as not caching" in [f for f in d["formula"] if f["name"] == "Break-even"][0]["result"]
+
+
+def test_a_full_price_read_never_pays_back_the_write():
+    """read = 1 < write: every hit costs what no caching costs and every write more, so caching never pays;
+    the break-even is absent (it used to be Infinity, which is not JSON)."""
+    p = P(read_multiplier=1, write_multiplier=1.25)
+    r = evaluate(p)
+    assert (r["break_even_kind"], r["break_even_hit_rate"], r["break_even_rate_per_min"]) == ("never", None, None)
+    assert r["cost_with"] > r["cost_without"]
+    d = page_data(p)
+    json.dumps(d, allow_nan=False)
+    assert [x for x in d["readouts"] if x["label"] == "Break-even"][0]["value"] == "none"
+
+
+def test_a_write_at_input_price_pays_from_the_first_hit():
+    r = evaluate(P(write_multiplier=1, read_multiplier=0.1))
+    assert (r["break_even_kind"], r["break_even_hit_rate"], r["break_even_rate_per_min"]) == ("always", 0.0, 0.0)
+
+
+def test_a_simulation_with_too_few_requests_says_so():
+    p = P(rate_per_min=0.001, duration_min=1, seed=0)           # about 0.001 requests expected
+    r = evaluate(p)
+    assert r["simulated_requests"] == 0 and r["simulated_hit_rate"] is None
+    assert "nothing to check" in [f for f in page_data(p)["formula"] if f["name"] == "Hit rate"][0]["result"]
+    few = P(rate_per_min=0.1, duration_min=60)                  # about 6
+    assert 0 < evaluate(few)["simulated_requests"] < 30
+    assert "too few" in [f for f in page_data(few)["formula"] if f["name"] == "Hit rate"][0]["result"]
 
 
 def test_simulated_hit_rate_converges_to_the_formula():
