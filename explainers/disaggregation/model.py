@@ -13,7 +13,7 @@ import dataclasses
 import math
 
 from ..core.dtypes import DTYPE_BITS, dtype_bytes
-from ..core.flops import attention_flops, dense_flops
+from ..core.timing import attention_flops, decode_step, flops_per_second, linear_flops as dense_flops
 from ..core.gpus import GPUS
 from ..core.links import LINKS
 from ..core.models import MODELS
@@ -40,6 +40,9 @@ class DisaggregationParams(Params):
     decode_gpu: str = choice("h100-sxm", GPUS, help="Decode pool's GPU (datasheet memory bandwidth)")
     gpus: int = integer(8, unit="GPUs", min=1, max=64, help="GPUs in each pool, splitting the model (tensor parallel)")
     mfu: float = number(0.5, unit="share", min=0.01, max=1.0, help="Share of peak FLOP/s that prefill reaches")
+    bandwidth_efficiency: float = number(1.0, unit="share", min=0.05, max=1.0,
+                                         help="Share of the decode GPUs' datasheet memory bandwidth a decode step "
+                                              "reaches (1: the datasheet, a lower bound on TPOT)")
     tpot_ms: float | None = number(None, unit="ms", min=0.001, max=100_000, optional=True,
                                    help="Decode time per output token (empty: weights and cache read once "
                                         "at the decode GPUs' datasheet bandwidth, a lower bound)")
@@ -85,8 +88,7 @@ def evaluate(p: DisaggregationParams, context: int | None = None) -> dict:
     per_token = m.kv_bytes_per_token(dtype_bytes(p.kv_dtype))
     kv_bytes = n * per_token
     dense, attention = dense_flops(m, n), attention_flops(m, n)
-    flops_per_s = p.gpus * gpu.bf16_tflops * 1e12 * p.mfu
-    prefill_s = (dense + attention) / flops_per_s
+    prefill_s = (dense + attention) / flops_per_second(gpu, p.gpus, p.mfu)      # the shared time model
     layer_s = prefill_s / L
     bw = link_bytes_per_s(p)
     latency = p.latency_us * 1e-6
@@ -94,15 +96,18 @@ def evaluate(p: DisaggregationParams, context: int | None = None) -> dict:
     transfer_s = latency + layer_bytes / bw
     after = latency + kv_bytes / bw
     layerwise = exposed_layer_by_layer(layer_s, transfer_s, L)
-    weights = (m.active_params or m.params) * WEIGHT_BYTES
-    auto_tpot = (weights + kv_bytes) / (p.gpus * dgpu.bandwidth_gbs * 1e9)
+    # One batch-1 decode step on the shared roofline: weights (active ones for MoE) and this cache, read once.
+    step = decode_step(m, dgpu, batch=1, context=n, weight_bytes_per_param=WEIGHT_BYTES,
+                       kv_bytes_per_element=dtype_bytes(p.kv_dtype), gpus=p.gpus,
+                       bandwidth_efficiency=p.bandwidth_efficiency)
+    auto_tpot = step["seconds"]
     tpot = auto_tpot if p.tpot_ms is None else p.tpot_ms / 1e3
     e2e = prefill_s + (p.output_tokens - 1) * tpot
     out = {
         "layers": L, "kv_bytes_per_token": per_token, "kv_bytes": kv_bytes, "layer_bytes": layer_bytes,
         "dense_flops": dense, "attention_flops": attention, "prefill_seconds": prefill_s,
         "layer_seconds": layer_s, "link_bytes_per_s": bw, "transfer_seconds_per_layer": transfer_s,
-        "tpot_seconds": tpot, "tpot_source": "auto" if p.tpot_ms is None else "set",
+        "tpot_seconds": tpot, "tpot_source": "auto" if p.tpot_ms is None else "set", "tpot_bound": step["bound"],
         "e2e_seconds_colocated": e2e,
         "link_keeps_up": transfer_s <= layer_s,
         "layerwise_beats_after": layerwise <= after,
@@ -226,9 +231,10 @@ def formula(p: DisaggregationParams, r: dict) -> list[dict]:
         {"name": "Cache to send", "formula": f"context × KV bytes per token ({m.kv_formula()})",
          "substituted": f"{tokens(p.context)} × ({per_token_sub})",
          "result": f"{bytes_both(r['kv_bytes'])}; {bytes_si(r['layer_bytes'])} per layer"},
-        {"name": "Prefill FLOPs", "formula": "2 × params × n  +  2 × layers × q_heads × head_dim × n²  (causal)",
+        {"name": "Prefill FLOPs",
+         "formula": "2 × active params × n  +  2 × layers × q_heads × (d_qk + d_v) × n²/2  (causal)",
          "substituted": f"2 × {active / 1e9:g}e9 × {tokens(p.context)}  +  2 × {m.layers} × {m.q_heads} × "
-                        f"{m.head_dim} × {tokens(p.context)}²",
+                        f"({m.attention_qk_dim} + {m.attention_v_dim}) × {tokens(p.context)}²/2",
          "result": f"{r['dense_flops'] / 1e12:,.1f} + {r['attention_flops'] / 1e12:,.1f} TFLOP"},
         {"name": "Prefill time (TTFT)", "formula": "FLOPs ÷ (GPUs × peak FLOP/s × MFU); per layer: ÷ layers",
          "substituted": f"{(r['dense_flops'] + r['attention_flops']) / 1e12:,.1f} TFLOP ÷ ({p.gpus} × "
@@ -252,9 +258,12 @@ def formula(p: DisaggregationParams, r: dict) -> list[dict]:
     ]
     if r["tpot_source"] == "auto":
         lines.append({"name": "Decode time per token (TPOT)",
-                      "formula": "(weights × 2 B + cache) ÷ (GPUs × memory bandwidth): one batch-1 step, a lower bound",
+                      "formula": "(weights × 2 B + cache) ÷ (GPUs × memory bandwidth × efficiency): one batch-1 "
+                                 "step, a lower bound",
                       "substituted": f"({active / 1e9:g}e9 × 2 B + {bytes_si(r['kv_bytes'])}) ÷ ({p.gpus} × "
-                                     f"{dgpu.bandwidth_gbs:,g} GB/s)",
+                                     f"{dgpu.bandwidth_gbs:,g} GB/s × {p.bandwidth_efficiency:g})"
+                                     + ("" if r["tpot_bound"] == "memory" else "; compute takes longer here, "
+                                        "so TPOT is FLOPs ÷ (GPUs × peak FLOP/s)"),
                       "result": _ms(r["tpot_seconds"])})
     else:
         lines.append({"name": "Decode time per token (TPOT)", "formula": "set by hand (tpot_ms)",

@@ -37,6 +37,28 @@ def test_defaults_by_hand():
     assert round(r["share_of_e2e_layerwise"] * 100, 3) == 0.006
 
 
+def test_times_come_from_the_shared_model_and_name_their_efficiencies():
+    """Prefill and TPOT are core/timing.py's; MLA attention uses d_qk = 128 + 64 and d_v = 128 per head, and
+    a lower bandwidth efficiency stretches the batch-1 decode step in proportion."""
+    from kvx.explainers.core.gpus import GPUS
+    from kvx.explainers.core.models import MODELS
+    from kvx.explainers.core.timing import decode_step, prefill_seconds
+    r = evaluate(P())
+    assert r["prefill_seconds"] == pytest.approx(prefill_seconds(MODELS["llama-3-70b"], GPUS["h100-sxm"], 8_000,
+                                                                 gpus=8, mfu=0.5))
+    half = evaluate(P(bandwidth_efficiency=0.5))
+    assert half["tpot_seconds"] == pytest.approx(2 * r["tpot_seconds"]) and half["prefill_seconds"] == r["prefill_seconds"]
+    v3 = evaluate(P(model="deepseek-v3", context=1_000))
+    assert v3["attention_flops"] == 2 * 61 * 128 * (192 + 128) * 1_000 ** 2 / 2
+    assert v3["dense_flops"] == 2 * 37e9 * 1_000
+    assert v3["tpot_seconds"] == pytest.approx(decode_step(MODELS["deepseek-v3"], GPUS["h100-sxm"], batch=1, context=1_000,
+                                                           gpus=8)["seconds"])
+    assert v3["tpot_seconds"] == pytest.approx((37e9 * 2 + 1_000 * 70_272) / (8 * 3_350e9))
+    rows = {f["name"]: f for f in page_data(P(bandwidth_efficiency=0.8))["formula"]}
+    assert "× 0.8)" in rows["Decode time per token (TPOT)"]["substituted"]
+    assert "(128 + 128)" in rows["Prefill FLOPs"]["substituted"]
+
+
 def test_tiny_timeline_exactly():
     """Two layers of 1 ms each and a link that takes 1.5 ms a layer: the second send waits for the first."""
     sim = simulate(P(), {"layers": 2, "layer_seconds": 1e-3, "transfer_seconds_per_layer": 1.5e-3})
