@@ -5,10 +5,24 @@ tree as far as its tokens match, reuses that much cached KV, and inserts the res
 full, leaves that no running request holds are evicted, least recently used first (or least often
 used). A policy is just a sort key, as in SGLang's evict_policy. Standard library only, shared by
 the explainers that need a prefix cache.
+
+The rules follow SGLang 0.5.23's RadixCache (python/sglang/srt/mem_cache/radix_cache.py and
+evict_policy.py, read from the released wheel), with a logical clock in place of time.monotonic():
+- a walk (match or insert) marks every node it enters as used now, the unmatched tail of a split
+  edge included (it is marked before the split); the new upper node of a split is created after
+  that, so it is a tick younger, and it inherits the edge's hit count and locks;
+- an insert counts one hit on every node it walks through and starts its new leaf at one hit;
+- LRU evicts the smallest last-use time, LFU the smallest (hits, last-use time);
+- a lock holds a node and all its ancestors; only unlocked leaves are evictable, and evicting a
+  leaf can make its parent one.
+As SGLang does, the tree keeps its evictable leaves in a set and the candidates in a heap keyed by
+the policy, so an eviction costs O(log n) instead of a walk over the whole tree. Heap entries go
+stale when a node's key or status changes; they are skipped when popped (lazy deletion).
 """
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
 from typing import Callable
 
@@ -19,9 +33,10 @@ class Node:
     parent: "Node | None" = None
     children: dict = dataclasses.field(default_factory=dict)   # first token -> child
     last_access: int = 0
-    hits: int = 0                                    # requests whose match ran through this node
+    hits: int = 0                                    # inserts that walked through this node
     lock: int = 0                                    # running requests that still use it
     id: int = 0
+    filed: tuple | None = None                       # the key of this node's live heap entry, if any
 
     def depth(self) -> int:
         """Tokens from the root to the end of this node."""
@@ -32,7 +47,9 @@ class Node:
         return n
 
 
-# A policy maps a leaf to a sort key: the smallest key is evicted first.
+# A policy maps a leaf to a sort key: the smallest key is evicted first. The id makes keys unique, so
+# the order never depends on how a set or heap happens to be laid out (SGLang's clock makes ties
+# vanishingly rare; a logical clock needs the id).
 EVICTION_POLICIES: dict[str, Callable[[Node], tuple]] = {
     "lru": lambda n: (n.last_access, n.id),
     "lfu": lambda n: (n.hits, n.last_access, n.id),
@@ -51,6 +68,9 @@ class RadixTree:
         self.ids = itertools.count(1)
         self.evicted = 0
         self.on_evict: Callable[[Node], None] | None = None   # told of each evicted leaf (for tallies)
+        self._key = EVICTION_POLICIES[policy]
+        self._evictable: set[Node] = set()           # unlocked leaves
+        self._heap: list[tuple[tuple, Node]] = []    # (key, node); entries whose key is not node.filed are stale
 
     # ---- lookup -----------------------------------------------------------------------------------
     def match(self, tokens) -> tuple[int, list[Node]]:
@@ -65,13 +85,17 @@ class RadixTree:
             child = node.children.get(tokens[matched])
             if child is None:
                 break
+            child.last_access = now                  # before a split: the tail counts as used too
             run = _common(child.tokens, tokens[matched:])
-            if run < len(child.tokens):
-                child = self._split(child, run)
             matched += run
-            child.last_access = now
+            if run < len(child.tokens):
+                self._refile(child)                  # the tail may be a leaf whose key just changed
+                path.append(self._split(child, run))
+                break
             path.append(child)
             node = child
+        if path:
+            self._refile(path[-1])
         return matched, path
 
     def peek(self, tokens) -> int:
@@ -91,8 +115,9 @@ class RadixTree:
         return matched
 
     def _split(self, node: Node, at: int) -> Node:
-        """Cut node's edge after `at` tokens; returns the new upper node."""
-        upper = Node(node.tokens[:at], node.parent, {}, node.last_access, node.hits, node.lock, next(self.ids))
+        """Cut node's edge after `at` tokens; returns the new upper node (created now, so a tick younger
+        than the walk that split it, as SGLang's new TreeNode is; it inherits hits and locks)."""
+        upper = Node(node.tokens[:at], node.parent, {}, next(self.clock), node.hits, node.lock, next(self.ids))
         node.parent.children[upper.tokens[0]] = upper
         node.tokens = node.tokens[at:]
         node.parent = upper
@@ -107,19 +132,26 @@ class RadixTree:
         """
         tokens = tuple(tokens)
         matched, path = self.match(tokens)
+        for n in path:                               # SGLang's _insert_helper: a hit on every node walked
+            n.hits += 1
         node = path[-1] if path else self.root
         rest = tokens[matched:]
         if not rest:
+            self._refile(node)
             return 0
         node.lock += 1                               # do not evict the path we are extending
+        self._refile(node)
         self.evict(len(rest))
         node.lock -= 1
         rest = rest[: max(0, self.capacity - self.size)]
         if not rest:
+            self._refile(node)
             return 0
-        leaf = Node(rest, node, {}, next(self.clock), 0, 0, next(self.ids))
+        leaf = Node(rest, node, {}, next(self.clock), 1, 0, next(self.ids))
         node.children[rest[0]] = leaf
         self.size += len(rest)
+        self._refile(node)
+        self._refile(leaf)
         return len(rest)
 
     def leaves(self) -> list[Node]:
@@ -131,30 +163,80 @@ class RadixTree:
             stack.extend(n.children.values())
         return out
 
+    def evictable(self) -> set[Node]:
+        """The unlocked leaves: what eviction may take (a copy)."""
+        return set(self._evictable)
+
     def evict(self, need: int) -> int:
         """Evict unlocked leaves, by policy, until `need` more tokens fit. Returns tokens evicted."""
         freed = 0
-        key = EVICTION_POLICIES[self.policy]
         while self.size + need > self.capacity:
-            candidates = [n for n in self.leaves() if n.lock == 0]
-            if not candidates:
+            victim = self._pop_victim()
+            if victim is None:
                 break
-            victim = min(candidates, key=key)
-            del victim.parent.children[victim.tokens[0]]
+            parent = victim.parent
+            del parent.children[victim.tokens[0]]
+            self._evictable.discard(victim)
             if self.on_evict is not None:
                 self.on_evict(victim)
             self.size -= len(victim.tokens)
             freed += len(victim.tokens)
+            self._refile(parent)                     # it may have become a leaf
         self.evicted += freed
         return freed
 
     def lock(self, path: list[Node], delta: int) -> None:
-        for n in path:
-            n.lock += delta
+        """Lock (delta +1) or release (-1) a matched path: its last node and every ancestor, walked up
+        through the parents as SGLang's inc_lock_ref/dec_lock_ref do, so an edge of the path that a later
+        match split (the new upper node inherits the lock) is released too."""
+        node = path[-1] if path else self.root
+        while node is not self.root and node is not None:
+            node.lock += delta
+            self._refile(node)
+            node = node.parent
 
     def record_hit(self, path: list[Node]) -> None:
+        """Count a hit on each node of `path` outside an insert (SGLang counts hits only in insert)."""
         for n in path:
             n.hits += 1
+            self._refile(n)
+
+    # ---- the evictable set and its heap ------------------------------------------------------------------
+    def _attached(self, node: Node) -> bool:
+        return node.parent is not None and node.parent.children.get(node.tokens[0]) is node
+
+    def _refile(self, node: Node) -> None:
+        """Put node in or out of the evictable set after a change to its children, lock, time or hits."""
+        if node.children or node.lock > 0 or node is self.root or not self._attached(node):
+            self._evictable.discard(node)
+            return
+        self._evictable.add(node)
+        key = self._key(node)
+        if key != node.filed:                        # keys only grow, so an equal key is the live entry
+            node.filed = key
+            heapq.heappush(self._heap, (key, node))
+            if len(self._heap) > 64 + 4 * len(self._evictable):
+                self._compact()
+
+    def _pop_victim(self) -> Node | None:
+        heap = self._heap
+        while heap:
+            key, node = heapq.heappop(heap)
+            if key != node.filed:                    # superseded by a later entry
+                continue
+            node.filed = None
+            if node in self._evictable:
+                return node
+        return None
+
+    def _compact(self) -> None:
+        for _, n in self._heap:
+            n.filed = None
+        self._heap = []
+        for n in self._evictable:
+            n.filed = self._key(n)
+            self._heap.append((n.filed, n))
+        heapq.heapify(self._heap)
 
     def sequences(self) -> list[tuple]:
         """Every root-to-leaf token sequence: what the cache holds, for tests and drawing."""
