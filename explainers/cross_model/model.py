@@ -15,7 +15,7 @@ import dataclasses
 import math
 
 from ..core.dtypes import DTYPE_BITS, dtype_bytes
-from ..core.flops import attention_flops, dense_flops
+from ..core.timing import attention_flops, flops_per_second, linear_flops as dense_flops
 from ..core.gpus import GPUS
 from ..core.links import LINKS
 from ..core.models import MODELS
@@ -58,6 +58,8 @@ class CrossModelParams(Params):
     gpu: str = choice("h100-sxm", GPUS, help="GPU the large model runs on (datasheet FLOP/s and bandwidth)")
     gpus: int = integer(1, unit="GPUs", min=1, max=64, help="GPUs the large model is split over")
     mfu: float = number(0.5, unit="share", min=0.01, max=1.0, help="Share of peak FLOP/s reached")
+    bandwidth_efficiency: float = number(1.0, unit="share", min=0.05, max=1.0,
+                                         help="Share of datasheet memory bandwidth reached (1: the datasheet)")
     maps_in: str = choice("gpu-memory", ("gpu-memory", "host-memory"),
                           help="Where the maps wait between handoffs; host memory streams them over "
                                "PCIe 5.0 x16 every time")
@@ -113,8 +115,8 @@ def rope_flops_per_token(small: dict, large: dict) -> float:
 def costs(p: CrossModelParams, n: float) -> dict:
     s, l_, gpu = MODELS[p.small], MODELS[p.large], GPUS[p.gpu]
     shape = map_shape(_shape(s), _shape(l_), p.map_input)
-    flops_per_s = p.gpus * gpu.bf16_tflops * 1e12 * p.mfu
-    bytes_per_s = p.gpus * gpu.bandwidth_gbs * 1e9
+    flops_per_s = flops_per_second(gpu, p.gpus, p.mfu)          # the shared time model (core/timing.py)
+    bytes_per_s = p.gpus * gpu.bandwidth_gbs * 1e9 * p.bandwidth_efficiency
     kv_small, kv_large = s.kv_bytes_per_token(CACHE_BYTES), l_.kv_bytes_per_token(CACHE_BYTES)
     map_bytes = shape["numbers"] * dtype_bytes(p.map_dtype)
     # Re-prefill: the weights' and attention FLOPs; reads the weights once and writes the large cache.
@@ -277,7 +279,7 @@ def formula(p: CrossModelParams, r: dict) -> list[dict]:
                               f"{s.head_dim}"}[p.map_input]
     n = p.context
     fps = f"{p.gpus} × {gpu.bf16_tflops:,g} TFLOP/s × {p.mfu:g}"
-    bps = f"{p.gpus} × {gpu.bandwidth_gbs:,g} GB/s"
+    bps = f"{p.gpus} × {gpu.bandwidth_gbs:,g} GB/s × {p.bandwidth_efficiency:g}"
     lines = [
         {"name": "Which small layer feeds large layer j", "formula": "⌊ j × layers_small ÷ layers_large ⌋",
          "substituted": f"j = {last}: ⌊ {last} × {s.layers} ÷ {l_.layers} ⌋",
@@ -297,24 +299,25 @@ def formula(p: CrossModelParams, r: dict) -> list[dict]:
          "substituted": f"{tokens(n)} × (2 × {thousands(r['map_numbers'])} + 3 × ({s.layers * s.kv_heads * s.head_dim:,}"
                         f" + {l_.layers * l_.kv_heads * l_.head_dim:,}))",
          "result": _f(r["map_only_flops"])},
-        {"name": "Re-prefill FLOPs", "formula": "2 × params_large × n + 2 × layers × q_heads × head_dim × n²",
-         "substituted": f"2 × {l_.params / 1e9:g}e9 × {tokens(n)} + 2 × {l_.layers} × {l_.q_heads} × {l_.head_dim} × "
-                        f"{tokens(n)}²",
+        {"name": "Re-prefill FLOPs", "formula": "2 × params_large × n + 2 × layers × q_heads × (d_qk + d_v) × n²/2 "
+                                                "(causal)",
+         "substituted": f"2 × {l_.params / 1e9:g}e9 × {tokens(n)} + 2 × {l_.layers} × {l_.q_heads} × "
+                        f"({l_.attention_qk_dim} + {l_.attention_v_dim}) × {tokens(n)}²/2",
          "result": _f(r["reprefill_flops"])},
     ]
     if p.small_prefill == "counted":
         lines.append({"name": "Small model's prefill (counted)",
-                      "formula": "2 × params_small × n + 2 × layers × q_heads × head_dim × n²",
+                      "formula": "2 × params_small × n + 2 × layers × q_heads × (d_qk + d_v) × n²/2",
                       "substituted": f"2 × {s.params / 1e9:g}e9 × {tokens(n)} + 2 × {s.layers} × {s.q_heads} × "
-                                     f"{s.head_dim} × {tokens(n)}²",
+                                     f"({s.attention_qk_dim} + {s.attention_v_dim}) × {tokens(n)}²/2",
                       "result": f"{_f(r['small_prefill_flops'])}, {_t(r['small_prefill_seconds'])}"})
     lines += [
         {"name": "Re-prefill time", "formula": "max(FLOPs ÷ (GPUs × peak × MFU), (weights + large cache) ÷ "
-                                               "(GPUs × bandwidth))",
+                                               "(GPUs × bandwidth × efficiency))",
          "substituted": f"max({_f(r['reprefill_flops'])} ÷ ({fps}), {bytes_si(r['reprefill_bytes'])} ÷ ({bps}))",
          "result": _t(r["reprefill_seconds"])},
         {"name": "Map time", "formula": "max(FLOPs ÷ (GPUs × peak × MFU), (maps + small cache + large cache) ÷ "
-                                        "(GPUs × bandwidth))" + (" + maps ÷ PCIe" if p.maps_in == "host-memory" else "")
+                                        "(GPUs × bandwidth × efficiency))" + (" + maps ÷ PCIe" if p.maps_in == "host-memory" else "")
                                         + (" + small prefill" if p.small_prefill == "counted" else ""),
          "substituted": f"max({_f(r['map_only_flops'])} ÷ ({fps}), {bytes_si(r['map_bytes_moved'])} ÷ ({bps}))"
                         + (f" + {bytes_si(r['map_memory_bytes'])} ÷ {HOST_LINK.gbyte_each_way:g} GB/s"

@@ -38,6 +38,19 @@ def test_default_maps_by_hand():
     assert r["flops_break_even_kind"] == "map-fewer"
 
 
+def test_bandwidth_efficiency_slows_the_memory_bound_map_only():
+    """The map is memory-bound and re-prefill compute-bound at the defaults: half the bandwidth doubles only
+    the map's time. Re-prefill's FLOPs are the shared model's (core/timing.py)."""
+    from kvx.explainers.core.models import MODELS
+    from kvx.explainers.core.timing import prefill_flops
+    r, half = evaluate(P()), evaluate(P(bandwidth_efficiency=0.5))
+    assert half["map_seconds"] == pytest.approx(2 * r["map_seconds"])
+    assert half["reprefill_seconds"] == r["reprefill_seconds"]
+    assert r["reprefill_flops"] == prefill_flops(MODELS["qwen2.5-32b"], 8_000)
+    rows = {f["name"]: f for f in page_data(P(bandwidth_efficiency=0.5))["formula"]}
+    assert "3,350 GB/s × 0.5" in rows["Map time"]["substituted"] and "(128 + 128)" in rows["Re-prefill FLOPs"]["substituted"]
+
+
 def test_layer_and_input_widths():
     assert [source_layer(j, 48, 64) for j in (0, 1, 2, 3, 63)] == [0, 0, 1, 2, 47]
     assert [source_layer(j, 3, 4) for j in range(4)] == [0, 0, 1, 2]
