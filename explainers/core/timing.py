@@ -107,6 +107,15 @@ def attention_flops_per_cached_token(m) -> float:
     return m.layers * 4 * m.q_heads * m.head_dim
 
 
+def roofline_seconds(bytes_moved: float, flops: float, gpu, *, gpus: int = 1, bandwidth_efficiency: float = 1.0,
+                     mfu: float = 1.0) -> dict:
+    """max(bytes ÷ (GPUs × bandwidth × efficiency), FLOPs ÷ (GPUs × peak × MFU)), and which one sets it."""
+    memory_s = bytes_moved / (gpus * gpu.bandwidth_gbs * 1e9 * bandwidth_efficiency)
+    compute_s = flops / flops_per_second(gpu, gpus, mfu)
+    return {"memory_s": memory_s, "compute_s": compute_s, "seconds": max(memory_s, compute_s),
+            "bound": "memory" if memory_s >= compute_s else "compute"}
+
+
 def decode_step(m, gpu, *, batch: int, context: float, weight_bytes_per_param: float = 2,
                 kv_bytes_per_element: float = 2, gpus: int = 1, bandwidth_efficiency: float = 1.0,
                 mfu: float = 1.0) -> dict:
@@ -116,16 +125,12 @@ def decode_step(m, gpu, *, batch: int, context: float, weight_bytes_per_param: f
     kv_bytes = batch * context * m.kv_elements_per_token * kv_bytes_per_element
     active = m.active_params or m.params
     flops = 2 * active * batch + batch * context * attention_flops_per_cached_token(m)
-    bytes_per_s = gpus * gpu.bandwidth_gbs * 1e9 * bandwidth_efficiency
-    memory_s = (weight_bytes + kv_bytes) / bytes_per_s
-    compute_s = flops / flops_per_second(gpu, gpus, mfu)
-    seconds = max(memory_s, compute_s)
     return {
         "weight_params_read": params_read,
         "experts_touched": expected_experts_touched(m.experts, m.experts_per_token, batch) if m.is_moe else 0.0,
         "weight_bytes": weight_bytes, "kv_bytes": kv_bytes, "bytes": weight_bytes + kv_bytes, "flops": flops,
-        "memory_s": memory_s, "compute_s": compute_s, "seconds": seconds,
-        "bound": "memory" if memory_s >= compute_s else "compute",
+        **roofline_seconds(weight_bytes + kv_bytes, flops, gpu, gpus=gpus,
+                           bandwidth_efficiency=bandwidth_efficiency, mfu=mfu),
     }
 
 

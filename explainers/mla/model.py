@@ -16,7 +16,8 @@ import math
 from ..core.dtypes import DTYPE_BITS, dtype_bytes
 from ..core.gpus import GPUS
 from ..core.models import MODELS, ModelPreset
-from ..core.params import Params, choice, integer
+from ..core.params import Params, choice, integer, number
+from ..core.timing import decode_step, roofline_seconds
 from ..core.units import bytes_si, tokens
 
 DTYPES = tuple(DTYPE_BITS)
@@ -76,6 +77,11 @@ class MLAParams(Params):
     context: int = integer(4_096, unit="tokens", min=1, max=1_000_000,
                            help="Cached tokens at one decode step (the kernel runs at most 32,768)")
     gpu: str = choice("h100-sxm", GPUS, help="Accelerator for the modelled attention time per decode step")
+    bandwidth_efficiency: float = number(1.0, unit="share", min=0.05, max=1.0,
+                                         help="Share of datasheet memory bandwidth a decode step reaches "
+                                              "(1: the roofline)")
+    mfu: float = number(1.0, unit="share", min=0.01, max=1.0,
+                        help="Share of peak BF16 FLOP/s a decode step reaches (1: the roofline)")
 
 
 # ---- bytes per token, four ways -----------------------------------------------------------------------
@@ -171,10 +177,13 @@ def per_cached_token(s: MLAShape, bytes_per_number: float) -> dict:
             for form in FORMS for what in ("bytes", "flops")}
 
 
-def attention_seconds(s: MLAShape, form: str, context: int, dtype: str, gpu) -> float:
-    """One decode step's attention over all layers on the roofline: max(bytes ÷ bandwidth, FLOPs ÷ peak)."""
+def attention_seconds(s: MLAShape, form: str, context: int, dtype: str, gpu, bandwidth_efficiency: float = 1.0,
+                      mfu: float = 1.0) -> float:
+    """One decode step's attention over all layers on the shared roofline (core/timing.py):
+    max(bytes ÷ (bandwidth × efficiency), FLOPs ÷ (peak × MFU))."""
     c = decode_costs(s, context, 1, dtype_bytes(dtype))
-    return s.layers * max(c[f"{form}_bytes"] / (gpu.bandwidth_gbs * 1e9), c[f"{form}_flops"] / (gpu.bf16_tflops * 1e12))
+    return roofline_seconds(s.layers * c[f"{form}_bytes"], s.layers * c[f"{form}_flops"], gpu,
+                            bandwidth_efficiency=bandwidth_efficiency, mfu=mfu)["seconds"]
 
 
 # ---- the step-through: one decode step of one MLA layer -------------------------------------------------
@@ -506,7 +515,11 @@ def evaluate(p: MLAParams) -> dict:
         "absorbed_query_width": s.d_c,
         "decode_bytes_per_step": {f: s.layers * decode_costs(s, p.context, 1, b)[f"{f}_bytes"] for f in FORMS},
         "decode_flops_per_step": {f: s.layers * decode_costs(s, p.context, 1, b)[f"{f}_flops"] for f in FORMS},
-        "attention_seconds": {f: attention_seconds(s, f, p.context, p.kv_dtype, gpu) for f in FORMS},
+        "attention_seconds": {f: attention_seconds(s, f, p.context, p.kv_dtype, gpu, p.bandwidth_efficiency, p.mfu)
+                              for f in FORMS},
+        # The whole batch-1 step of the MLA model the plots show (absorbed), weights included: the shared model.
+        "decode_step": decode_step(MODELS[diagram_model(p.model)], gpu, batch=1, context=p.context,
+                                   kv_bytes_per_element=b, bandwidth_efficiency=p.bandwidth_efficiency, mfu=p.mfu),
     }
 
 
@@ -549,7 +562,8 @@ def page_data(p: MLAParams) -> dict:
                          f"{dtype_name(p.kv_dtype)}: {num(MODELS[PAPER_MODEL].kv_bytes_per_token(b))} B, "
                          f"{1 - MODELS[PAPER_MODEL].kv_bytes_per_token(b) / acc['baseline_bytes']:.2%} smaller"]},
             "decode": {"context": contexts,
-                       **{f: [attention_seconds(s, f, c, p.kv_dtype, gpu) * 1e3 for c in contexts] for f in FORMS}},
+                       **{f: [attention_seconds(s, f, c, p.kv_dtype, gpu, p.bandwidth_efficiency, p.mfu) * 1e3
+                              for c in contexts] for f in FORMS}},
             "here": {"context": [p.context] * 3,
                      "ms": [r["attention_seconds"][f] * 1e3 for f in FORMS],
                      "text": [f"{r['attention_seconds'][f] * 1e3:.3g} ms" for f in FORMS]},
@@ -613,6 +627,7 @@ def formula(p: MLAParams, r: dict) -> list[dict]:
     t = r["per_cached_token_per_layer"]
     gpu = GPUS[p.gpu]
     c = decode_costs(s, p.context, 1, b)
+    st = r["decode_step"]
     sized = "" if m.attention == "MLA" else f" (sized as DeepSeek-V2 does: d_c = 4 × {d}, d_h^R = {d} ÷ 2)"
     return [
         {"name": f"MHA, {m.title}'s shape", "formula": "2 × layers × heads × head_dim × bytes  (Table 1: 2 n_h d_h l)",
@@ -654,11 +669,20 @@ def formula(p: MLAParams, r: dict) -> list[dict]:
                         f"2 × {s.heads} × {s.d_h}; 2 × {s.heads} × ({s.d_c} + {s.d_r}) + 2 × {s.heads} × {s.d_c}",
          "result": f"{num(t['naive_flops'])} against {num(t['absorbed_flops'])}"},
         *[{"name": f"Attention time per decode step, {FORM_TITLES[f]}",
-           "formula": "layers × max(bytes ÷ bandwidth, FLOPs ÷ peak BF16 FLOP/s)  (roofline; weights excluded)",
-           "substituted": f"{s.layers} × max({bytes_si(c[f + '_bytes'], 2)} ÷ {gpu.bandwidth_gbs:,g} GB/s, "
-                          f"{c[f + '_flops'] / 1e9:,.3g} GFLOP ÷ {gpu.bf16_tflops:,g} TFLOP/s) at "
-                          f"{tokens(p.context)} tokens on {gpu.title}",
+           "formula": "layers × max(bytes ÷ (bandwidth × efficiency), FLOPs ÷ (peak BF16 FLOP/s × MFU))  "
+                      "(roofline; weights excluded)",
+           "substituted": f"{s.layers} × max({bytes_si(c[f + '_bytes'], 2)} ÷ ({gpu.bandwidth_gbs:,g} GB/s × "
+                          f"{p.bandwidth_efficiency:g}), {c[f + '_flops'] / 1e9:,.3g} GFLOP ÷ "
+                          f"({gpu.bf16_tflops:,g} TFLOP/s × {p.mfu:g})) at {tokens(p.context)} tokens on {gpu.title}",
            "result": f"{r['attention_seconds'][f] * 1e3:.3g} ms"} for f in ("naive", "absorbed")],
+        {"name": f"The whole decode step of {MODELS[r['diagram_model']].title} (absorbed), weights included",
+         "formula": "max((active weights × 2 B + cache) ÷ (bandwidth × efficiency), FLOPs ÷ (peak × MFU)), batch 1 "
+                    "(the project's shared time model)",
+         "substituted": f"max(({MODELS[r['diagram_model']].active_params / 1e9:g}e9 × 2 B + "
+                        f"{bytes_si(st['kv_bytes'], 2)}) ÷ ({gpu.bandwidth_gbs:,g} GB/s × {p.bandwidth_efficiency:g}), "
+                        f"{st['flops'] / 1e9:,.4g} GFLOP ÷ ({gpu.bf16_tflops:,g} TFLOP/s × {p.mfu:g}))",
+         "result": f"{st['seconds'] * 1e3:.3g} ms, {st['bound']}-bound: the cache is "
+                   f"{st['kv_bytes'] / st['bytes']:.1%} of the bytes at batch 1"},
     ]
 
 

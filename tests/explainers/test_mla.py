@@ -238,3 +238,19 @@ def test_invariants(slug, bits, context):
     assert (c["absorbed_flops"] < c["naive_flops"]) == (context >= 2)
     assert all(attention_seconds(s, f, context, str(bits), GPUS["h100-sxm"]) > 0 for f in FORMS)
     json.dumps(evaluate(P(model=slug, kv_dtype=str(bits), context=context)))
+
+
+def test_decode_time_goes_through_the_shared_model():
+    """Absorbed decode's FLOPs per cached token equal the shared time model's for MLA presets; efficiency and
+    MFU stretch the roofline; the whole batch-1 step (weights included) is core/timing.py's decode_step."""
+    from kvx.explainers.core.timing import attention_flops_per_cached_token, decode_step
+    for slug in ("deepseek-v2", "deepseek-v3"):
+        s = mla_shape(slug)
+        assert s.layers * per_cached_token(s, 2)["absorbed_flops"] == attention_flops_per_cached_token(MODELS[slug])
+    r, slow = evaluate(P()), evaluate(P(bandwidth_efficiency=0.5))
+    assert slow["attention_seconds"]["absorbed"] == pytest.approx(2 * r["attention_seconds"]["absorbed"])
+    st = r["decode_step"]
+    assert st == decode_step(MODELS["deepseek-v2"], GPUS["h100-sxm"], batch=1, context=4_096)
+    assert st["seconds"] == pytest.approx((21e9 * 2 + 4_096 * 69_120) / 3.35e12)      # memory-bound, by hand
+    row = page_data(P(mfu=0.5))["formula"][-1]
+    assert "× 0.5))" in row["substituted"] and "0.7% of the bytes" in row["result"]
