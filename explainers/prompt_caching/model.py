@@ -12,7 +12,11 @@ import dataclasses
 import math
 import random
 
-from ..core.params import ParamError, Params, integer, number
+from ..core.gpus import GPUS
+from ..core.limits import check_split, check_weights_fit
+from ..core.models import MODELS
+from ..core.params import ParamError, Params, choice, integer, number
+from ..core.timing import prefill_formula, prefill_seconds
 from ..core.units import thousands
 
 # One major provider's published multipliers (Anthropic, prompt caching documentation, as of
@@ -35,8 +39,12 @@ class PromptCachingParams(Params):
                                  help="How often requests with this prefix arrive (Poisson)")
     duration_min: float = number(60, unit="min", min=1, max=10_000, help="Simulated time")
     seed: int = integer(0, unit="seed", min=0, max=10_000, help="Seed for arrival times")
-    prefill_rate: int = integer(10_000, unit="tokens/s", min=1, max=10_000_000,
-                                help="Self-hosted: prefill throughput of one GPU")
+    # Self-hosted: the GPU time a hit saves comes from the shared time model (core/timing.py), not a fixed
+    # tokens/s rate, because attention makes a long prefix cost more per token than a short one.
+    model: str = choice("llama-3-8b", MODELS, help="Self-hosted: the model that prefills the prefix")
+    gpu: str = choice("h100-sxm", GPUS, help="Self-hosted: GPU preset (datasheet dense BF16 FLOP/s)")
+    gpus: int = integer(1, unit="GPUs", min=1, max=64, help="Self-hosted: GPUs the model is split over")
+    mfu: float = number(0.5, unit="share", min=0.01, max=1.0, help="Self-hosted: share of peak FLOP/s prefill reaches")
     gpu_price_per_hour: float = number(3.0, unit="$/h", min=0, max=1000, help="Self-hosted: one GPU's hourly cost")
 
     def __post_init__(self):
@@ -44,6 +52,9 @@ class PromptCachingParams(Params):
         if self.rate_per_min * self.duration_min > 20_000:
             raise ParamError("rate_per_min", f"rate_per_min × duration_min must be at most 20,000 requests to "
                                              f"simulate; got {self.rate_per_min * self.duration_min:,.0f}.")
+        m = MODELS[self.model]
+        check_split("gpus", m, self.gpus)
+        check_weights_fit("gpus", m, GPUS[self.gpu], self.gpus, 2, "BF16")
 
 
 def reuses_per_lifetime(p: PromptCachingParams) -> float:
@@ -126,7 +137,9 @@ def evaluate(p: PromptCachingParams) -> dict:
     sim_hits = sum(e["kind"] == "hit" for e in requests)
     be = break_even(p)
     without, with_ = cost_per_request(p, None), cost_per_request(p, h)
-    saved_s = p.prefix_tokens / p.prefill_rate
+    # A hit skips exactly the prefix's own prefill: the suffix attends to the prefix either way, and
+    # prefill(prefix + suffix) − prefill(suffix after prefix) = prefill(prefix) (the causal terms add up).
+    saved_s = prefill_seconds(MODELS[p.model], GPUS[p.gpu], p.prefix_tokens, gpus=p.gpus, mfu=p.mfu)
     return {
         "reuses_per_lifetime": reuses,
         "hit_rate": h,
@@ -139,7 +152,7 @@ def evaluate(p: PromptCachingParams) -> dict:
         "break_even_hit_rate": be["hit_rate"],
         "break_even_rate_per_min": be["rate_per_min"],
         "self_hosted_prefill_s_saved_per_hit": saved_s,
-        "self_hosted_dollars_saved_per_hour": p.rate_per_min * 60 * h * saved_s / 3600 * p.gpu_price_per_hour,
+        "self_hosted_dollars_saved_per_hour": p.rate_per_min * 60 * h * saved_s / 3600 * p.gpus * p.gpu_price_per_hour,
     }
 
 
@@ -196,8 +209,11 @@ def formula(p: PromptCachingParams, r: dict) -> list[dict]:
         {"name": "Break-even", "formula": "hit rate > (write − 1) ÷ (write − read)",
          "substituted": f"({p.write_multiplier:g} − 1) ÷ ({p.write_multiplier:g} − {p.read_multiplier:g})",
          "result": break_even_words(break_even(p))},
-        {"name": "Self-hosted", "formula": "a hit saves prefix ÷ prefill rate of GPU time",
-         "substituted": f"{thousands(p.prefix_tokens)} ÷ {thousands(p.prefill_rate)} tokens/s",
+        {**prefill_formula(MODELS[p.model], GPUS[p.gpu], p.prefix_tokens, 0, gpus=p.gpus, mfu=p.mfu),
+         "name": f"Self-hosted: a hit skips the prefix's prefill ({MODELS[p.model].title})"},
+        {"name": "Self-hosted: GPU time saved", "formula": "requests/h × hit rate × seconds saved per hit × GPUs × $/GPU-h",
+         "substituted": f"{p.rate_per_min * 60:,.4g} × {r['hit_rate']:.3f} × "
+                        f"{r['self_hosted_prefill_s_saved_per_hit']:.3g} s ÷ 3,600 × {p.gpus} × ${p.gpu_price_per_hour:g}",
          "result": f"{r['self_hosted_prefill_s_saved_per_hit']:.2f} s per hit, "
                    f"${r['self_hosted_dollars_saved_per_hour']:.3f} of GPU time per hour"},
     ]

@@ -42,6 +42,30 @@ def test_the_pages_figures():
         P.from_mapping(dict(parse_qsl(query)))
 
 
+def test_self_hosted_saving_by_hand():
+    """A hit skips the prefix's prefill: (2 × 8.03e9 × n + 2 × 32 × 32 × 256 × n²/2) ÷ (989e12 × 0.5), the shared
+    time model; ten times the prefix costs 22.6× the time because attention grows with n²."""
+    flops = lambda n: 2 * 8.03e9 * n + 2 * 32 * 32 * 256 * n * n / 2
+    r = evaluate(P())
+    assert r["self_hosted_prefill_s_saved_per_hit"] == pytest.approx(flops(10_000) / (989e12 * 0.5))
+    assert round(r["self_hosted_prefill_s_saved_per_hit"], 2) == 0.38                 # the page's figure
+    long = evaluate(P(prefix_tokens=100_000))["self_hosted_prefill_s_saved_per_hit"]
+    assert round(long, 2) == 8.55 and round(long / r["self_hosted_prefill_s_saved_per_hit"], 1) == 22.6
+    two = evaluate(P(gpus=2, mfu=0.25))
+    assert two["self_hosted_prefill_s_saved_per_hit"] == pytest.approx(r["self_hosted_prefill_s_saved_per_hit"])
+    assert two["self_hosted_dollars_saved_per_hour"] == pytest.approx(2 * r["self_hosted_dollars_saved_per_hour"])
+    assert r["self_hosted_dollars_saved_per_hour"] == pytest.approx(60 * r["hit_rate"] * flops(10_000) / 494.5e12 / 3600 * 3)
+    rows = {f["name"]: f for f in page_data(P())["formula"]}
+    assert "× 0.5)" in rows["Self-hosted: a hit skips the prefix's prefill (Llama 3 8B)"]["substituted"]
+
+
+def test_self_hosted_model_must_fit_its_gpus():
+    from kvx.explainers.core.params import ParamError
+    with pytest.raises(ParamError, match="gpus must be at least"):
+        P(model="llama-3-70b")
+    P(model="llama-3-70b", gpus=2)
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.floats(0.01, 20), st.floats(1, 3600), st.floats(1, 300), st.integers(0, 1000))
 def test_timeline_invariants(rate, lifetime, duration, seed):
