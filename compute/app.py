@@ -1,11 +1,14 @@
-"""The kvx compute server: the API under /api/v1, OpenAPI at /docs, and the built site at /."""
+"""The kvx compute server: the API under /api/v1, OpenAPI at /docs and /redoc (assets served here), the site at /."""
 from __future__ import annotations
 
 import mimetypes
 import typing
+from pathlib import Path
 
+import fastapi_offline
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse
@@ -17,8 +20,11 @@ from kvx.compute import VERSION
 from kvx.compute.device import device_info
 from kvx.compute.responses import FiniteJSONResponse
 from kvx.compute.routers import explainers, health
-from kvx.compute.security import BodyLimit, SecurityHeaders
+from kvx.compute.security import BodyLimit, CatchAll, SecurityHeaders, short
 from kvx.compute.settings import Settings
+
+DOCS_ASSETS = "/docs-assets"
+MAX_ERRORS = 10
 
 # Pyodide hangs unless .wasm is application/wasm and .mjs is JavaScript; some systems know neither.
 mimetypes.add_type("application/wasm", ".wasm")
@@ -46,6 +52,7 @@ def _sentence(error: dict, model=None) -> tuple[str, str]:
         return "body", f"The request body is not valid JSON: {reason}{where}."
     field = str(loc[0]) if loc else "body"   # the parameter, not the union member that failed
     got = error.get("input")
+    field = field if len(field) <= 40 else short(field)
     if kind == "extra_forbidden" and field == "device":
         return field, (f"device is not a parameter here: the server runs every kernel on its own device, which is "
                        f"{device_info()['device']} on this server (see /api/v1/health).")
@@ -56,12 +63,36 @@ def _sentence(error: dict, model=None) -> tuple[str, str]:
     if kind == "value_error":                # a cross-field check: its own message is the sentence
         return field, str(error.get("msg", "")).removeprefix("Value error, ")
     if kind == "literal_error":
-        return field, f"{field} must be one of {error.get('ctx', {}).get('expected', '')}; got {got!r}."
+        return field, f"{field} must be one of {error.get('ctx', {}).get('expected', '')}; got {short(got)}."
     lo, hi, whole = _bounds(model, field)
     if lo is not None and hi is not None:
         what = "a whole number" if whole else "a number"
-        return field, f"{field} must be {what} between {lo} and {hi}; got {got!r}."
-    return field, f"{field} must be a number or a name; got {got!r}."
+        return field, f"{field} must be {what} between {lo} and {hi}; got {short(got)}."
+    annotation = getattr(getattr(model, "model_fields", {}).get(field), "annotation", None)
+    if annotation in (int, float):      # strict: "2" and true are not numbers
+        want = "a whole number" if annotation is int else "a number"
+        return field, f"{field} must be {want} (a JSON number, not a string or true/false); got {short(got)}."
+    return field, f"{field} must be a number or a name; got {short(got)}."
+
+
+def _docs(app: FastAPI) -> None:
+    """/docs (Swagger UI) and /redoc from assets served by this server (the pinned fastapi-offline wheel ships
+    them), with no fonts or scripts from any other host, so the pages' Content-Security-Policy holds there too."""
+    assets = Path(fastapi_offline.__file__).parent / "static"
+    app.mount(DOCS_ASSETS, StaticFiles(directory=assets), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url=app.openapi_url, title=f"{app.title} - Swagger UI",
+                                   swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+                                   swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png")
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url=app.openapi_url, title=f"{app.title} - ReDoc",
+                              redoc_js_url=f"{DOCS_ASSETS}/redoc.standalone.js",
+                              redoc_favicon_url=f"{DOCS_ASSETS}/favicon.png", with_google_fonts=False)
 
 
 def _body_model(request: Request):
@@ -88,7 +119,9 @@ def _include_kernels(app: FastAPI, settings: Settings) -> None:
                                                                     f"kvx[kernels] to run them on this server."})
         return
     app.state.jobs = JobRunner(settings.kernel_workers, settings.kernel_queue,
-                               time_limit_s=settings.kernel_time_limit_s)
+                               time_limit_s=settings.kernel_time_limit_s, cache_bytes=settings.cache_bytes,
+                               per_client=settings.kernel_per_client, memory_bytes=settings.job_memory_bytes,
+                               processes=device_info()["device"] == "cpu")     # CUDA does not survive a fork
     app.include_router(kernels.router, prefix="/api/v1")
 
 
@@ -105,30 +138,27 @@ def _api_fallback(app: FastAPI) -> None:
                                              for r in routes)]
         if allowed:
             return JSONResponse(status_code=405, headers={"Allow": ", ".join(allowed)},
-                                content={"detail": f"{path} takes {' or '.join(allowed)}, not {request.method}."})
-        return JSONResponse(status_code=404, content={"detail": f"There is no API endpoint {path}; the endpoints "
+                                content={"detail": f"{short(path, 80)} takes {' or '.join(allowed)}, not {request.method}."})
+        return JSONResponse(status_code=404, content={"detail": f"There is no API endpoint {short(path, 80)}; the endpoints "
                                                                 f"are listed at /docs."})
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     app = FastAPI(title="kvx compute server", version=VERSION, default_response_class=FiniteJSONResponse,
-                  description="Evaluates the kvx explainer models and, where present, runs the real kernels.")
+                  description="Evaluates the kvx explainer models and, where present, runs the real kernels.",
+                  docs_url=None, redoc_url=None)
     app.state.settings = settings
-    app.state.answers = explainers.Answers()      # the explainer models' answers, by their parameters
-    # Outermost last: security headers on every answer (the 413s too), CORS, then the body limit.
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    # Outermost last: any escaped exception as a JSON 500 (CatchAll), security headers on every answer (the
+    # 413s too), CORS, then the body limit.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Content-Type"])
     app.add_middleware(SecurityHeaders)
-
-    @app.exception_handler(Exception)
-    async def server_error(request: Request, exc: Exception):
-        """A bug answers this request only, as a JSON sentence; the traceback goes to the server's log."""
-        return JSONResponse(status_code=500, content={"detail": f"The server failed on this request "
-                                                                f"({type(exc).__name__}); other requests are "
-                                                                f"unaffected. Please report it."})
+    app.add_middleware(CatchAll)
+    explainers.evaluations(app)                   # the explainer models' jobs and answers
+    _docs(app)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_errors(request: Request, exc: StarletteHTTPException):
@@ -143,12 +173,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         detail = {}
         model = _body_model(request)
         sent_json = "json" in request.headers.get("content-type", "")
-        for error in exc.errors():
+        errors = exc.errors()
+        for error in errors[:MAX_ERRORS]:             # 6,000 unknown keys are not 6,000 sentences
             field, msg = _sentence(error, model)
             if field == "body" and not sent_json and error.get("type") == "model_attributes_type":
                 msg = "The request body must be a JSON object of parameters, sent as Content-Type: application/json."
             loc = ["body"] if field == "body" else ["body", field]
             detail.setdefault(field, {"loc": loc, "msg": msg, "type": error.get("type", "value_error")})
+        if len(errors) > MAX_ERRORS:
+            detail["..."] = {"loc": ["body"], "type": "too_many_errors",
+                             "msg": f"And {len(errors) - MAX_ERRORS} more problems with the body, not listed."}
         return JSONResponse(status_code=422, content={"detail": list(detail.values())})
 
     app.include_router(health.router, prefix="/api/v1")

@@ -83,11 +83,13 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     from kvx.compute.app import create_app
+    from kvx.compute.serving import server_config
     from kvx.compute.settings import Settings
 
     settings = Settings(site_dir=Path(args.site)) if args.site else Settings()
+    config = server_config(create_app(settings), host=args.host, port=args.port)   # timeouts, caps: see serving.py
     print(f"kvx: serving {settings.site_dir} and the API on http://{args.host}:{args.port}/ (docs at /docs)")
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="warning")
+    uvicorn.Server(config).run()
     return 0
 
 

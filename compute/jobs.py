@@ -1,11 +1,21 @@
-"""Job control for the heavy endpoints: a bounded queue, one worker pool, a result cache, progress.
+"""Job control for the heavy work: bounded queues, one process per running job, a byte-bounded result cache.
 
-Every kernel request is a pure function of its validated parameters, so results are cached by them, and
-a request identical to one already queued or running joins that job instead of queuing another. At most
-`workers` jobs run at once and at most `queue` wait; beyond that the server answers 503 with Retry-After
-instead of piling work up. A job that runs past its time limit fails with a message saying so as soon as
-anyone asks about it; the kernel itself is stopped at its next progress report (a thread cannot be killed),
-and until it stops it still counts against the queue, so the bound stays honest. Other jobs are unaffected.
+Every job (a kernel, or an explainer evaluation that is not cached) is a pure function of its validated
+parameters, so results are cached by them, and a request identical to one already queued or running joins
+that job instead of queuing another. At most `workers` jobs run at once and at most `queue` wait; beyond
+that the server answers 503 with Retry-After instead of piling work up. One client (by address) may hold at
+most `per_client` of those places (429 with Retry-After beyond). Each job has a cost estimate: queued and
+running work together may not exceed `queue_cost` (in the estimate's own unit), so a few expensive jobs
+fill the queue as many cheap ones would.
+
+Each job runs in a process of its own, forked when it starts: it cannot take the GIL from the threads that
+answer health checks, static files and cached answers; it runs at nice +10 with a ceiling on its address
+space, so a memory-hungry job fails alone (MemoryError) instead of the machine's OOM killer choosing; a job
+past its time limit is killed at the limit (SIGKILL: the CPU is free at once); and a worker that crashes or is
+killed costs only its own job (503 with Retry-After) — the next job gets a fresh process. Forking per job
+also means a job sees the server's code as it is at that moment, and nothing a job does survives it.
+The child sends its progress and result back as JSON over a pipe (no pickles), and a thread per running
+job waits on that pipe without holding the GIL.
 """
 from __future__ import annotations
 
@@ -14,15 +24,30 @@ import collections
 import concurrent.futures
 import dataclasses
 import json
+import math
+import multiprocessing
 import os
+import resource
+import signal
+import stat
+import sys
 import threading
 import time
 import uuid
+import warnings
 from typing import Callable
+
+# The server forks a job process while its other threads run; each child only runs the job and exits, and
+# Python holds its own locks across the fork, so the general warning does not apply here.
+warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks", category=DeprecationWarning)
 
 
 class QueueFull(Exception):
     pass
+
+
+class ClientBusy(Exception):
+    """This client already holds its share of the queue."""
 
 
 class JobTimeout(Exception):
@@ -30,7 +55,9 @@ class JobTimeout(Exception):
 
 
 # Why a job failed, and so what its requester is told (see routers/kernels.py for the HTTP status of each).
-TIMEOUT, UNAVAILABLE, OUT_OF_MEMORY, FAILED = "timeout", "unavailable", "out_of_memory", "failed"
+TIMEOUT, UNAVAILABLE, OUT_OF_MEMORY, FAILED, DIED = "timeout", "unavailable", "out_of_memory", "failed", "died"
+_FORK = multiprocessing.get_context("fork")
+JOB_THREADS = 1        # PyTorch threads in a job's process (OpenMP's thread team does not survive a fork)
 
 
 @dataclasses.dataclass
@@ -38,75 +65,167 @@ class Job:
     id: str
     kernel: str
     params: dict
+    client: str | None = None
+    cost: float = 0.0
     status: str = "queued"          # queued, running, done, error
     progress: float = 0.0
     message: str = ""
     result: dict | None = None
     started: float | None = None
-    finished: float | None = None   # when its thread let go of the worker (None while queued or running)
-    error: str = ""                 # TIMEOUT, UNAVAILABLE, OUT_OF_MEMORY or FAILED once status is "error"
+    finished: float | None = None   # when its process was gone (None while queued or running)
+    error: str = ""                 # TIMEOUT, UNAVAILABLE, OUT_OF_MEMORY, FAILED or DIED once status is "error"
+    pid: int | None = None          # the process running it, while it runs
     future: concurrent.futures.Future | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def seconds(self) -> float | None:
+        """How long the job ran (not how long anyone waited for it, or when they asked)."""
+        if self.started is None:
+            return None
+        return (self.finished if self.finished is not None else time.monotonic()) - self.started
 
     def view(self) -> dict:
         return {"job": self.id, "kernel": self.kernel, "status": self.status, "progress": round(self.progress, 3),
                 "message": self.message, "result": self.result}
 
 
-def _classify(err: BaseException) -> tuple[str, str]:
-    """(kind, message) for an exception a kernel raised; plain words, never a traceback."""
+def _classify(err: BaseException, what: str = "kernel") -> tuple[str, str]:
+    """(kind, message) for an exception a job raised; plain words, never a traceback."""
     if isinstance(err, JobTimeout):
         return TIMEOUT, str(err)
     if isinstance(err, FileNotFoundError):          # a trained model is missing on this server
         return UNAVAILABLE, f"This server cannot run it: {err}"
-    if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError" or "out of memory" in str(err):
+    text = str(err).lower()
+    if isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError" or "out of memory" in text \
+            or "can't allocate memory" in text or "cannot allocate memory" in text or "bad_alloc" in text:
         return OUT_OF_MEMORY, "The server ran out of memory for this job; try again later or ask for less."
-    return FAILED, f"The kernel failed: {type(err).__name__}: {err}"
+    return FAILED, f"The {what} failed: {type(err).__name__}: {str(err)[:300]}"
 
 
-def _lower_priority() -> None:
-    """Kernel threads yield the CPU to the threads answering requests (Linux nices threads one by one)."""
+def _close_sockets(keep: int) -> None:
+    """Close the server's sockets in the child: a connection the server closes must not live on in a job."""
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+        fd = int(name)
+        try:
+            if fd > 2 and fd != keep and stat.S_ISSOCK(os.fstat(fd).st_mode):
+                os.close(fd)
+        except OSError:
+            pass
+
+
+def _child(conn, fn, params: dict, memory_bytes: int | None, what: str) -> None:
+    """The job's own process: lower priority, a memory ceiling, one thread, then the job; JSON back."""
+    _close_sockets(conn.fileno())
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):      # not Linux, or not allowed: run at the normal priority
+        os.setpriority(os.PRIO_PROCESS, 0, 10)        # yield the CPU to the server's request threads
+    except (AttributeError, OSError):
         pass
+    if memory_bytes:
+        try:                                            # the ceiling: what the process has now, plus the budget
+            now = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            resource.setrlimit(resource.RLIMIT_AS, (now + memory_bytes, resource.RLIM_INFINITY))
+        except (OSError, ValueError):
+            pass
+    if "torch" in sys.modules:                 # before any torch op: a parallel region after fork can hang
+        sys.modules["torch"].set_num_threads(JOB_THREADS)
+
+    def send(message: dict) -> None:
+        conn.send_bytes(json.dumps(message).encode())
+
+    def progress(fraction: float, message: str = "") -> None:
+        send({"progress": fraction, "message": message})
+
+    try:
+        result = fn(params, progress)
+        send({"result": result})
+    except BaseException as err:       # everything, even SystemExit: the parent hears why
+        try:
+            kind, message = _classify(err, what)
+            send({"error": kind, "message": message})
+        except BaseException:
+            pass
+    finally:
+        conn.close()
+        os._exit(0)                    # no atexit handlers, no flushing of the parent's buffers
+
+
+def _memory_budget() -> int | None:
+    """Default address-space budget per job: half of the memory available when the server starts."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 // 2
+    except OSError:
+        pass
+    return None
 
 
 class JobRunner:
-    def __init__(self, workers: int = 1, queue: int = 4, cache_size: int = 128, time_limit_s: float = 300.0):
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvx-kernel",
-                                                          initializer=_lower_priority)
+    def __init__(self, workers: int = 1, queue: int = 4, cache_size: int = 128, time_limit_s: float = 300.0,
+                 cache_bytes: int = 32 * 2 ** 20, per_client: int | None = None, queue_cost: float = math.inf,
+                 memory_bytes: int | None = -1, what: str = "kernel", processes: bool = True):
+        self.processes = processes      # False: jobs run in the waiting thread (CUDA cannot be used after fork)
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"kvx-{what}")
         self.capacity = workers + queue
+        self.per_client = per_client or self.capacity
+        self.queue_cost = queue_cost
         self.time_limit_s = time_limit_s
-        self.cache: collections.OrderedDict[str, dict] = collections.OrderedDict()
-        self.cache_size = cache_size
+        self.memory_bytes = _memory_budget() if memory_bytes == -1 else memory_bytes
+        self.what = what
+        self.cache: collections.OrderedDict[str, tuple[dict, float, int]] = collections.OrderedDict()
+        self.cache_size, self.cache_bytes, self.cached_bytes = cache_size, cache_bytes, 0
         self.jobs: dict[str, Job] = {}
         self.lock = threading.Lock()
+        self.deaths = 0                 # worker processes that died without answering (crash, OOM kill)
 
     @staticmethod
     def key(kernel: str, params: dict) -> str:
         return kernel + ":" + json.dumps(params, sort_keys=True)
 
     def cached(self, kernel: str, params: dict) -> dict | None:
+        hit = self.cached_with_seconds(kernel, params)
+        return None if hit is None else hit[0]
+
+    def cached_with_seconds(self, kernel: str, params: dict) -> tuple[dict, float] | None:
         with self.lock:
             k = self.key(kernel, params)
             if k in self.cache:
                 self.cache.move_to_end(k)
-                return self.cache[k]
+                result, seconds, _ = self.cache[k]
+                return result, seconds
         return None
 
+    def _remember(self, key: str, result: dict, seconds: float) -> None:
+        """Keep a result, bounded by entries and by bytes (its JSON size); one too big is not kept."""
+        size = len(json.dumps(result, default=str)) + len(key)
+        if size > self.cache_bytes // 8:
+            return
+        with self.lock:
+            if key in self.cache:
+                self.cached_bytes -= self.cache.pop(key)[2]
+            self.cache[key] = (result, seconds, size)
+            self.cached_bytes += size
+            while len(self.cache) > self.cache_size or self.cached_bytes > self.cache_bytes:
+                self.cached_bytes -= self.cache.popitem(last=False)[1][2]
+
     def active(self) -> int:
-        """Jobs that hold or wait for a worker: queued, running, or timed out but not yet stopped."""
+        """Jobs that hold or wait for a worker: queued or running."""
         return sum(j.finished is None for j in list(self.jobs.values()))
 
-    def submit(self, kernel: str, params: dict, fn: Callable[[dict, Callable[[float, str], None]], dict]) -> Job:
+    def submit(self, kernel: str, params: dict, fn: Callable[[dict, Callable[[float, str], None]], dict],
+               client: str | None = None, cost: float = 0.0) -> Job:
+        """Queue a job (or join the identical one on its way). QueueFull or ClientBusy if there is no room."""
         with self.lock:
             for job in self.jobs.values():      # the same request already on its way: share it
                 if job.finished is None and job.status in ("queued", "running") and job.kernel == kernel \
                         and job.params == params:
                     return job
-            if self.active() >= self.capacity:
+            active = [j for j in self.jobs.values() if j.finished is None]
+            if len(active) >= self.capacity or (active and sum(j.cost for j in active) + cost > self.queue_cost):
                 raise QueueFull()
-            job = Job(uuid.uuid4().hex[:12], kernel, params)
+            if client is not None and sum(j.client == client for j in active) >= self.per_client:
+                raise ClientBusy()
+            job = Job(uuid.uuid4().hex[:12], kernel, params, client=client, cost=cost)
             self.jobs[job.id] = job
             self._forget_old()
             job.future = self.pool.submit(self._run, job, fn)
@@ -118,7 +237,74 @@ class JobRunner:
             del self.jobs[j.id]
 
     def _run(self, job: Job, fn) -> None:
+        """In a waiting thread: fork the job's process, relay its messages, kill it at the time limit."""
         job.status, job.started = "running", time.monotonic()
+        if not self.processes:
+            return self._run_here(job, fn)
+        reader, writer = _FORK.Pipe(duplex=False)
+        try:
+            process = _FORK.Process(target=_child, args=(writer, fn, job.params, self.memory_bytes, self.what),
+                                    daemon=True)
+            process.start()
+        except OSError as err:                           # no process to be had (out of memory or of pids)
+            job.error, job.status = UNAVAILABLE, "error"
+            job.message = f"The server could not start a worker for this job ({err.strerror}); try again later."
+            job.finished = time.monotonic()
+            return
+        finally:
+            writer.close()
+        job.pid = process.pid
+        answered = False
+        try:
+            while not answered:
+                left = job.started + self.time_limit_s - time.monotonic()
+                if self._expire(job) or left <= 0:
+                    self._expire(job, force=True)
+                    break
+                if not reader.poll(min(left, 0.25)):
+                    continue
+                try:
+                    message = json.loads(reader.recv_bytes())
+                except (EOFError, OSError):              # the process is gone without a word
+                    break
+                if "progress" in message:
+                    job.progress = max(job.progress, min(1.0, float(message["progress"])))
+                    job.message = str(message.get("message", ""))
+                elif "result" in message:
+                    answered = True
+                    job.result, job.progress = message["result"], 1.0
+                    job.finished = time.monotonic()          # the job ended when its answer came
+                    self._remember(self.key(job.kernel, job.params), job.result, job.seconds)
+                    job.status = "done"
+                else:
+                    answered = True
+                    if job.status != "error":
+                        job.error, job.message, job.status = message["error"], message["message"], "error"
+        finally:
+            if process.is_alive() and not answered:
+                process.kill()                            # past its limit: the CPU is free at once
+            process.join(5)
+            if not answered and job.status != "error":
+                self.deaths += 1
+                code = process.exitcode
+                how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited ({code})"
+                oom = " (signal 9 is what the kernel's out-of-memory killer sends)" if code == -signal.SIGKILL else ""
+                job.error, job.status = DIED, "error"
+                job.message = (f"The worker process running this {self.what} job {how}{oom}; it has been replaced. "
+                               f"Try again later, or ask for less.")
+            reader.close()
+            job.pid = None
+            if job.finished is None:
+                job.finished = time.monotonic()
+
+    def _run_here(self, job: Job, fn) -> None:
+        """Without processes (a CUDA device: its context does not survive a fork), the job runs in this thread
+        at nice +10; past its limit it is told so at its next progress report (a thread cannot be killed),
+        and until it stops it still counts against the queue, so the bound stays honest."""
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
 
         def progress(fraction: float, message: str = "") -> None:
             if self._expire(job):
@@ -129,24 +315,22 @@ class JobRunner:
             result = fn(job.params, progress)
             if self._expire(job):                       # it finished, but too late: its requester was told so
                 raise JobTimeout(job.message)
-        except Exception as err:   # a kernel bug fails this job only, with a plain message
+        except Exception as err:   # a bug fails this job only, with a plain message
             if job.status != "error":
-                job.error, job.message = _classify(err)
+                job.error, job.message = _classify(err, self.what)
                 job.status = "error"
         else:
-            job.result, job.progress = result, 1.0
-            with self.lock:
-                self.cache[self.key(job.kernel, job.params)] = result
-                while len(self.cache) > self.cache_size:
-                    self.cache.popitem(last=False)
+            job.result, job.progress, job.finished = result, 1.0, time.monotonic()
+            self._remember(self.key(job.kernel, job.params), result, job.seconds)
             job.status = "done"
         finally:
-            job.finished = time.monotonic()
+            if job.finished is None:
+                job.finished = time.monotonic()
 
-    def _expire(self, job: Job) -> bool:
+    def _expire(self, job: Job, force: bool = False) -> bool:
         """Fail a running job that is past its time limit. True if it has timed out."""
-        if job.status == "running" and job.started is not None \
-                and time.monotonic() - job.started > self.time_limit_s:
+        if job.status == "running" and job.started is not None and job.finished is None \
+                and (force or time.monotonic() - job.started > self.time_limit_s):
             job.error, job.status = TIMEOUT, "error"
             job.message = (f"The job ran past the server's limit of {self.time_limit_s:g} s and was stopped. "
                            f"Ask for less (a shorter context, a smaller batch, fewer sequences or repeats).")
@@ -163,7 +347,7 @@ class JobRunner:
         """Wait without holding a thread: the event loop keeps answering other requests meanwhile."""
         loop, finished = asyncio.get_running_loop(), asyncio.Event()
 
-        def wake(_future) -> None:           # runs in the worker thread; never touches the job itself
+        def wake(_future) -> None:           # runs in the waiting thread; never touches the job itself
             try:
                 loop.call_soon_threadsafe(finished.set)
             except RuntimeError:             # that event loop has closed: nobody is waiting any more

@@ -1,7 +1,10 @@
 """What the server adds to every answer to keep a reader's browser and the server itself safe.
 
-- `BodyLimit`: request bodies over the limit are refused with 413, whether or not the client says how long
-  the body is (a chunked body is counted as it arrives, and never buffered past the limit).
+- `BodyLimit`: request bodies over the limit are refused with 413, counted as they arrive whatever the
+  framing; Content-Length with Transfer-Encoding is a 400 that closes the connection (smuggling); a body
+  that does not arrive in time is a 408.
+- `CatchAll`: an exception that escapes the app is a JSON 500 with Connection: close, never a dropped
+  connection or a plain-text page.
 - `SecurityHeaders`: `X-Content-Type-Options: nosniff` on everything, and on the site's pages a
   Content-Security-Policy that lets the pages do what they do (Pyodide compiling WebAssembly in a module
   worker, BokehJS from the same origin, Bokeh's inline styles) and nothing from any other host. The
@@ -12,15 +15,18 @@
   only `'wasm-unsafe-eval'` there, to compile its WebAssembly.
 - `csp_for_html`: the policy for one page, also used to write a `_headers` file for static hosts:
   `python -m kvx.compute.security build/site > build/site/_headers`.
+  A HEAD on the site is answered as the GET would be, without its body, so both carry the same policy.
 
 Pure ASGI middleware (not `BaseHTTPMiddleware`), so responses stream through untouched except HTML.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import collections
 import hashlib
 import json
+import logging
 import re
 import sys
 import threading
@@ -32,8 +38,9 @@ CSP = ("default-src 'self'; script-src 'self' 'wasm-unsafe-eval' 'unsafe-eval'{s
        "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors *")
 # Everything else of the site (scripts, the worker, styles, data): the same policy without eval.
 SCRIPT_CSP = CSP.format(scripts="").replace(" 'unsafe-eval'", "")
-# Paths the policy is not for: the API answers JSON, and FastAPI's /docs loads Swagger UI from its CDN.
-NOT_SITE = ("/api/", "/docs", "/redoc", "/openapi.json")
+# Paths the policy is not for: the API answers JSON. /docs and /redoc are pages like the site's (their
+# Swagger UI and ReDoc scripts are served from this server, never from a CDN), so they get the policy.
+NOT_SITE = ("/api/", "/openapi.json")
 
 _SCRIPT = re.compile(rb"<script\b([^>]*)>(.*?)</script\s*>", re.IGNORECASE | re.DOTALL)
 _TYPE = re.compile(rb"""\btype\s*=\s*["']?([^"'\s>]+)""", re.IGNORECASE)
@@ -61,44 +68,108 @@ def csp_for_html(html: bytes) -> str:
 
 
 class BodyLimit:
-    """413 for a request body over `max_bytes`; 400 for a Content-Length that is not a number."""
+    """The request body, counted as it arrives, whatever the framing; refused past `max_bytes` (413).
 
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+    - Content-Length together with Transfer-Encoding is refused (400) and the connection closed: the two
+      framings disagree about where the body ends, which is how requests are smuggled past a proxy
+      (RFC 9112 section 6.3 says a server ought to treat such a message as an error and close).
+    - A Content-Length that is not a number is a 400; one over the limit is a 413 before any of it is read.
+    - Otherwise the body is read here, counting the bytes actually received, up to the limit, and then
+      handed to the app: a chunked body can never get past the limit. It must arrive within
+      `body_timeout_s` of the headers (408 otherwise), so a client that trickles a body cannot hold a
+      connection open.
+    """
+
+    def __init__(self, app, max_bytes: int, body_timeout_s: float = 30.0):
+        self.app, self.max_bytes, self.body_timeout_s = app, max_bytes, body_timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length")
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length")
+        if length is not None and b"transfer-encoding" in headers:
+            return await _json(send, 400, "A request may not have both Content-Length and Transfer-Encoding "
+                                          "(RFC 9112, section 6.3); the connection is closed.")
         if length is not None:
             text = length.decode("latin-1").strip()
             if not text.isdigit():
-                return await _json(send, 400, f"Content-Length must be a whole number of bytes; got {text!r}.")
+                return await _json(send, 400, f"Content-Length must be a whole number of bytes; got {short(text)}.")
             if int(text) > self.max_bytes:
-                return await _json(send, 413, f"The request body may be at most {self.max_bytes} bytes; got {text}.")
-            return await self.app(scope, receive, send)
-        # No length given (chunked): read the body up to the limit before the app sees any of it.
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":        # the client went away before sending it all
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            more = message.get("more_body", False)
-            if size > self.max_bytes:
                 return await _json(send, 413, f"The request body may be at most {self.max_bytes} bytes; "
-                                              f"got more than that (sent without a Content-Length).")
+                                              f"got {text[:20]}.")
+        try:
+            body = await asyncio.wait_for(self._read(receive), self.body_timeout_s)
+        except asyncio.TimeoutError:
+            return await _json(send, 408, f"The request body did not arrive within {self.body_timeout_s:g} s.")
+        except _TooLarge:
+            return await _json(send, 413, f"The request body may be at most {self.max_bytes} bytes; got more "
+                                          f"than that.")
+        if body is None:                          # the client went away before sending it all
+            return
         replayed = False
 
         async def replay():
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
         return await self.app(scope, replay, send)
+
+    async def _read(self, receive) -> bytes | None:
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.max_bytes:
+                raise _TooLarge()
+        return b"".join(chunks)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def short(value, limit: int = 40) -> str:
+    """A bad value quoted in an error: its repr, cut to a short prefix (an error must not echo a megabyte)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
+
+
+class CatchAll:
+    """Any exception the app lets out becomes a JSON 500 with Connection: close, logged once, never re-raised.
+
+    Starlette's own handler re-raises after answering, and uvicorn then drops the connection without
+    saying so; here the client is told the connection closes, and the server's log gets one line.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracked(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as err:
+            logging.getLogger("kvx").error("%s %s failed: %s", scope.get("method"), scope.get("path"),
+                                           type(err).__name__, exc_info=err)
+            if not started:
+                await _json(send, 500, f"The server failed on this request ({type(err).__name__}); other "
+                                       f"requests are unaffected. Please report it.")
 
 
 class SecurityHeaders:
@@ -126,6 +197,9 @@ class SecurityHeaders:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         site = not scope["path"].startswith(NOT_SITE)
+        head = scope["method"] == "HEAD"
+        if site and head:      # answered as a GET without its body, so the policy hashes the page's scripts
+            scope = {**scope, "method": "GET"}
         held: dict | None = None
         body: list[bytes] = []
 
@@ -149,7 +223,10 @@ class SecurityHeaders:
                 html = b"".join(body)
                 held["headers"].append((b"content-security-policy", self._policy(html).encode()))
                 await send(held)
-                return await send({"type": "http.response.body", "body": html, "more_body": False})
+                return await send({"type": "http.response.body", "body": b"" if head else html,
+                                   "more_body": False})
+            if site and head and message["type"] == "http.response.body":
+                message = {**message, "body": b""}
             return await send(message)
 
         return await self.app(scope, receive, wrapped)
@@ -159,7 +236,7 @@ async def _json(send, status: int, detail: str) -> None:
     body = json.dumps({"detail": detail}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+                            (b"x-content-type-options", b"nosniff"), (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})
 
 

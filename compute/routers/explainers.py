@@ -3,24 +3,32 @@
 Each explainer gets its own POST route and request model, so /docs shows its parameters with units
 and bounds. The bounds are enforced by the explainer's own parameter dataclass, so the message for
 a bad value is the same sentence the CLI and the page show. A model is a pure function of its
-parameters, so answers are cached by them: the defaults every page load asks for cost nothing.
+parameters, so answers are cached by them (bounded in bytes): the defaults every page load asks for
+cost nothing and never leave the event loop.
+
+An answer that is not cached is a job (kvx.compute.jobs): it runs in a process of its own, so a slow
+model never holds a thread or the GIL that health checks, static files and cached answers need. Each
+has a cost estimate (the slowest of that model's recent runs), a time limit and a bounded queue; past
+them the answer is 503 with Retry-After (busy), 429 (this client holds its share) or 422 (this request
+ran past the limit: ask for less). A model that raises on valid input is a 422 naming the exception,
+never a 500: the request cannot be answered, and the server and the connection carry on.
 """
 
 import collections
-import hashlib
-import json
-import threading
 from typing import Optional, Union
 
 from fastapi import APIRouter, HTTPException, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictStr, create_model
 
+from kvx.compute.jobs import DIED, FAILED, OUT_OF_MEMORY, TIMEOUT, UNAVAILABLE, ClientBusy, JobRunner, QueueFull
+from kvx.compute.security import short
 from kvx.explainers.core.params import ParamError
 from kvx.explainers.registry import REGISTRY, Explainer, run
 
 router = APIRouter(prefix="/explainers", tags=["explainers"])
+RETRY_AFTER_S = 5
+PARAM_ERROR = "__param_error__"          # a job's answer that is a ParamError, not a result
 
 
 def request_model(e: Explainer) -> type[BaseModel]:
@@ -37,38 +45,72 @@ def request_model(e: Explainer) -> type[BaseModel]:
     return create_model(name, __config__=ConfigDict(extra="forbid"), **fields)
 
 
-class Answers:
-    """The latest answers, by explainer and parameters as sent (a bounded LRU, shared by the server's threads)."""
+class CostEstimate:
+    """Seconds one evaluation of a model is expected to take: the slowest of its last few runs (a prior of
+    0.5 s before any). The models are plain Python with no cost formula; their recent runs are the estimate."""
 
-    def __init__(self, size: int = 1024):
-        self.size, self.lock = size, threading.Lock()
-        self.items: collections.OrderedDict[str, dict] = collections.OrderedDict()
+    def __init__(self, prior_s: float = 0.5, window: int = 8):
+        self.prior_s, self.runs = prior_s, collections.defaultdict(lambda: collections.deque(maxlen=window))
 
-    def get(self, key: str) -> dict | None:
-        with self.lock:
-            if key in self.items:
-                self.items.move_to_end(key)
-                return self.items[key]
-        return None
+    def __call__(self, slug: str) -> float:
+        runs = self.runs.get(slug)
+        return max(runs) if runs else self.prior_s
 
-    def put(self, key: str, answer: dict) -> None:
-        with self.lock:
-            self.items[key] = answer
-            while len(self.items) > self.size:
-                self.items.popitem(last=False)
+    def record(self, slug: str, seconds: float | None) -> None:
+        if seconds is not None:
+            self.runs[slug].append(seconds)
 
 
-def answers(request: Request) -> Answers:
-    """This app's cache (one per app, so tests and apps with other settings never share answers)."""
-    state = request.app.state
-    if getattr(state, "answers", None) is None:
-        state.answers = Answers()
-    return state.answers
+def evaluations(request_or_app) -> JobRunner:
+    """This app's evaluation jobs and their cache (one per app: tests and apps never share answers)."""
+    state = (request_or_app.app if isinstance(request_or_app, Request) else request_or_app).state
+    if getattr(state, "evaluations", None) is None:
+        s = state.settings
+        state.evaluations = JobRunner(s.explainer_workers, s.explainer_queue, cache_size=1024,
+                                      time_limit_s=s.explainer_time_limit_s, cache_bytes=s.cache_bytes,
+                                      per_client=s.explainer_per_client, queue_cost=s.explainer_queue_seconds,
+                                      memory_bytes=s.job_memory_bytes, what="model")
+        state.explainer_costs = CostEstimate()
+    return state.evaluations
 
 
-def unprocessable(field: str, message: str) -> JSONResponse:
-    return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", field], "msg": message,
-                                                              "type": "value_error"}]})
+def unprocessable(field: str, message: str, kind: str = "value_error") -> JSONResponse:
+    return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", field] if field != "body" else ["body"],
+                                                              "msg": message, "type": kind}]})
+
+
+def busy(status: int, detail: str) -> JSONResponse:
+    return JSONResponse(status_code=status, headers={"Retry-After": str(RETRY_AFTER_S)}, content={"detail": detail})
+
+
+def _evaluate_in_job(slug: str):
+    def job(values: dict, progress) -> dict:      # runs in the job's own process
+        try:
+            return run(slug, values)
+        except ParamError as err:                 # a bad value found while evaluating: the caller's 422
+            return {PARAM_ERROR: [err.field, str(err)]}
+    return job
+
+
+def _answer(slug: str, answer: dict):
+    if PARAM_ERROR in answer:
+        field, message = answer[PARAM_ERROR]
+        return unprocessable(field, message if len(message) <= 400 else message[:400] + "…")
+    return answer
+
+
+def _failed(slug: str, job, limits) -> JSONResponse:
+    if job.error == TIMEOUT:
+        return unprocessable("body", f"Evaluating {slug} with these parameters ran past the server's limit of "
+                                     f"{limits.time_limit_s:g} s and was stopped. Ask for less (a smaller "
+                                     f"simulation), or run it in the page or with `kvx run`, which have no limit.",
+                             "too_slow")
+    if job.error in (OUT_OF_MEMORY, DIED, UNAVAILABLE):
+        return busy(503, job.message)
+    # FAILED: the model raised on valid input. Not the server's state, and not worth a retry.
+    return unprocessable("body", f"The {slug} model could not evaluate these parameters "
+                                 f"({job.message.removeprefix('The model failed: ')}). This is a bug in the model; "
+                                 f"please report it with the parameters.", "model_failed")
 
 
 @router.get("", summary="Every explainer with its parameters (name, default, bounds, unit, help)")
@@ -79,22 +121,39 @@ def list_explainers() -> list[dict]:
 def _add_route(e: Explainer) -> None:
     Body = request_model(e)
 
-    async def evaluate(request: Request, body: Body = None) -> dict:  # type: ignore[valid-type]
+    async def evaluate(request: Request, body: Body = None):  # type: ignore[valid-type]
         values = body.model_dump(exclude_none=True) if body is not None else {}
-        key = e.slug + ":" + hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
-        cache = answers(request)
-        answer = cache.get(key)                  # a cached answer costs no thread hop
-        if answer is None:
-            try:                                 # a model may simulate for a while: off the event loop
-                answer = await run_in_threadpool(run, e.slug, values)
-            except ParamError as err:
-                return unprocessable(err.field, str(err))
-            cache.put(key, answer)
-        return answer
+        jobs = evaluations(request)
+        hit = jobs.cached(e.slug, values)          # a cached answer costs no thread hop and no process
+        if hit is not None:
+            return _answer(e.slug, hit)
+        settings, costs = request.app.state.settings, request.app.state.explainer_costs
+        try:
+            job = jobs.submit(e.slug, values, _evaluate_in_job(e.slug),
+                              client=request.client.host if request.client else None, cost=costs(e.slug))
+        except QueueFull:
+            return busy(503, "The server is busy evaluating other models; try again in a few seconds.")
+        except ClientBusy:
+            return busy(429, f"You already have {jobs.per_client} evaluations waiting or running on this server; "
+                             f"wait for them, then try again.")
+        job = await jobs.wait_async(job, settings.explainer_wait_s)
+        if job.finished is not None:
+            costs.record(e.slug, job.seconds)
+        if job.status == "done":
+            return _answer(e.slug, job.result)
+        if job.status == "error":
+            return _failed(e.slug, job, jobs)
+        return busy(503, f"The answer is still being computed after {settings.explainer_wait_s:g} s; ask again "
+                         f"shortly (it will be kept).")
 
     router.add_api_route(f"/{e.slug}", evaluate, methods=["POST"], summary=e.title,
                          description=f"{e.claim}\n\nReturns the model's named results.", name=f"evaluate-{e.slug}",
-                         responses={413: {"description": "The request body is over the server's limit."}})
+                         responses={413: {"description": "The request body is over the server's limit."},
+                                    422: {"description": "A bad value (a sentence naming the field), a request that "
+                                                         "ran past the time limit, or a model that failed on it."},
+                                    429: {"description": "This client already holds its share of the queue "
+                                                         "(with Retry-After)."},
+                                    503: {"description": "Busy, or out of memory (with Retry-After)."}})
 
 
 for _explainer in REGISTRY.values():
@@ -103,5 +162,5 @@ for _explainer in REGISTRY.values():
 
 @router.post("/{slug}", include_in_schema=False)
 def unknown(slug: str):
-    raise HTTPException(status_code=404, detail=f"There is no explainer {slug!r}; the explainers are "
+    raise HTTPException(status_code=404, detail=f"There is no explainer {short(slug)}; the explainers are "
                                                 f"{', '.join(REGISTRY)}.")

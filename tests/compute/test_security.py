@@ -288,7 +288,22 @@ def test_the_api_is_json_with_nosniff_and_no_page_policy(tmp_path):
     for r in (client.get("/api/v1/health"), client.post("/api/v1/explainers/cache-renting", json={"context": 0}),
               client.get("/api/v1/nope")):
         assert r.headers["x-content-type-options"] == "nosniff" and "content-security-policy" not in r.headers
-    assert "content-security-policy" not in client.get("/docs").headers     # Swagger UI comes from its CDN
+
+
+
+@pytest.mark.parametrize("page,assets", [("/docs", ["swagger-ui-bundle.js", "swagger-ui.css"]),
+                                         ("/redoc", ["redoc.standalone.js"])])
+def test_docs_load_nothing_from_another_host(tmp_path, page, assets):
+    client = TestClient(create_app(Settings(site_dir=tmp_path)))
+    r = client.get(page)
+    policy = directives(r.headers["content-security-policy"])
+    assert [v for values in policy.values() for v in values if "://" in v] == []
+    assert "://" not in r.text.replace("http://www.w3.org", "")     # no CDN, no Google Fonts (an SVG namespace is fine)
+    for name in assets:
+        assert f'"/docs-assets/{name}"' in r.text
+        asset = client.get(f"/docs-assets/{name}")
+        assert asset.status_code == 200 and len(asset.content) > 100_000
+    assert [s for s in policy["script-src"] if s.startswith("'sha256-")] == inline_script_hashes(r.content)
 
 
 def test_inline_script_hashes_skip_data_blocks_and_external_scripts():
