@@ -37,6 +37,7 @@ test: $(BIN)/kvx chromium pyodide
 bench: build chromium
 	$(BIN)/python tests/benchmarks/bench_pages.py --site build/site
 	$(BIN)/python tests/benchmarks/bench_kernels.py
+	$(BIN)/python tests/benchmarks/bench_radix.py         # radix replay growth, 10% -> 100% of a 12,000-request trace
 	$(BIN)/python tests/benchmarks/bench_server.py
 	$(BIN)/python tests/benchmarks/load_server.py --site build/site
 	$(BIN)/python tests/benchmarks/report.py      # -> benchmarks/REPORT.md and benchmarks/report.json

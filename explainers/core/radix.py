@@ -36,7 +36,7 @@ class Node:
     hits: int = 0                                    # inserts that walked through this node
     lock: int = 0                                    # running requests that still use it
     id: int = 0
-    filed: tuple | None = None                       # the key of this node's live heap entry, if any
+    filed: tuple | None = None                       # this node's live heap entry, if any
 
     def depth(self) -> int:
         """Tokens from the root to the end of this node."""
@@ -70,7 +70,8 @@ class RadixTree:
         self.on_evict: Callable[[Node], None] | None = None   # told of each evicted leaf (for tallies)
         self._key = EVICTION_POLICIES[policy]
         self._evictable: set[Node] = set()           # unlocked leaves
-        self._heap: list[tuple[tuple, Node]] = []    # (key, node); entries whose key is not node.filed are stale
+        self._heap: list[tuple] = []                 # (*key, node), flat for fast comparisons; stale unless
+                                                     # it is its node's `filed` entry
 
     # ---- lookup -----------------------------------------------------------------------------------
     def match(self, tokens) -> tuple[int, list[Node]]:
@@ -86,7 +87,7 @@ class RadixTree:
             if child is None:
                 break
             child.last_access = now                  # before a split: the tail counts as used too
-            run = _common(child.tokens, tokens[matched:])
+            run = _common(child.tokens, tokens, matched)
             matched += run
             if run < len(child.tokens):
                 self._refile(child)                  # the tail may be a leaf whose key just changed
@@ -107,7 +108,7 @@ class RadixTree:
             child = node.children.get(tokens[matched])
             if child is None:
                 break
-            run = _common(child.tokens, tokens[matched:])
+            run = _common(child.tokens, tokens, matched)
             matched += run
             if run < len(child.tokens):
                 break
@@ -139,19 +140,18 @@ class RadixTree:
         if not rest:
             self._refile(node)
             return 0
-        node.lock += 1                               # do not evict the path we are extending
+        if self.size + len(rest) > self.capacity:
+            node.lock += 1                           # do not evict the path we are extending
+            self._evictable.discard(node)
+            self.evict(len(rest))
+            node.lock -= 1
+            rest = rest[: max(0, self.capacity - self.size)]
+        if rest:
+            leaf = Node(rest, node, {}, next(self.clock), 1, 0, next(self.ids))
+            node.children[rest[0]] = leaf
+            self.size += len(rest)
+            self._refile(leaf)
         self._refile(node)
-        self.evict(len(rest))
-        node.lock -= 1
-        rest = rest[: max(0, self.capacity - self.size)]
-        if not rest:
-            self._refile(node)
-            return 0
-        leaf = Node(rest, node, {}, next(self.clock), 1, 0, next(self.ids))
-        node.children[rest[0]] = leaf
-        self.size += len(rest)
-        self._refile(node)
-        self._refile(leaf)
         return len(rest)
 
     def leaves(self) -> list[Node]:
@@ -170,13 +170,22 @@ class RadixTree:
     def evict(self, need: int) -> int:
         """Evict unlocked leaves, by policy, until `need` more tokens fit. Returns tokens evicted."""
         freed = 0
+        heap, evictable = self._heap, self._evictable
         while self.size + need > self.capacity:
-            victim = self._pop_victim()
+            victim = None
+            while heap:                              # the smallest live entry of an evictable leaf
+                entry = heapq.heappop(heap)
+                node = entry[-1]
+                if entry is node.filed:              # else superseded by a later entry
+                    node.filed = None
+                    if node in evictable:
+                        victim = node
+                        break
             if victim is None:
                 break
             parent = victim.parent
             del parent.children[victim.tokens[0]]
-            self._evictable.discard(victim)
+            evictable.discard(victim)
             if self.on_evict is not None:
                 self.on_evict(victim)
             self.size -= len(victim.tokens)
@@ -189,11 +198,12 @@ class RadixTree:
         """Lock (delta +1) or release (-1) a matched path: its last node and every ancestor, walked up
         through the parents as SGLang's inc_lock_ref/dec_lock_ref do, so an edge of the path that a later
         match split (the new upper node inherits the lock) is released too."""
-        node = path[-1] if path else self.root
+        last = node = path[-1] if path else self.root
         while node is not self.root and node is not None:
             node.lock += delta
-            self._refile(node)
             node = node.parent
+        if last is not self.root:
+            self._refile(last)                       # its ancestors have children: never evictable
 
     def record_hit(self, path: list[Node]) -> None:
         """Count a hit on each node of `path` outside an insert (SGLang counts hits only in insert)."""
@@ -202,40 +212,28 @@ class RadixTree:
             self._refile(n)
 
     # ---- the evictable set and its heap ------------------------------------------------------------------
-    def _attached(self, node: Node) -> bool:
-        return node.parent is not None and node.parent.children.get(node.tokens[0]) is node
-
     def _refile(self, node: Node) -> None:
         """Put node in or out of the evictable set after a change to its children, lock, time or hits."""
-        if node.children or node.lock > 0 or node is self.root or not self._attached(node):
-            self._evictable.discard(node)
+        parent = node.parent                         # None for the root
+        if node.children or node.lock > 0 or parent is None or parent.children.get(node.tokens[0]) is not node:
+            self._evictable.discard(node)            # not a leaf, held, the root, or already evicted
             return
         self._evictable.add(node)
         key = self._key(node)
-        if key != node.filed:                        # keys only grow, so an equal key is the live entry
-            node.filed = key
-            heapq.heappush(self._heap, (key, node))
+        filed = node.filed
+        if filed is None or key != filed[:-1]:       # keys only grow, so an equal key is the live entry
+            node.filed = entry = (*key, node)        # ids make keys unique: a node is never compared
+            heapq.heappush(self._heap, entry)
             if len(self._heap) > 64 + 4 * len(self._evictable):
                 self._compact()
 
-    def _pop_victim(self) -> Node | None:
-        heap = self._heap
-        while heap:
-            key, node = heapq.heappop(heap)
-            if key != node.filed:                    # superseded by a later entry
-                continue
-            node.filed = None
-            if node in self._evictable:
-                return node
-        return None
-
     def _compact(self) -> None:
-        for _, n in self._heap:
-            n.filed = None
+        for entry in self._heap:
+            entry[-1].filed = None
         self._heap = []
         for n in self._evictable:
-            n.filed = self._key(n)
-            self._heap.append((n.filed, n))
+            n.filed = (*self._key(n), n)
+            self._heap.append(n.filed)
         heapq.heapify(self._heap)
 
     def sequences(self) -> list[tuple]:
@@ -261,15 +259,16 @@ class RadixTree:
         return out
 
 
-def _common(a: tuple, b: tuple) -> int:
-    """Length of the common prefix of a and b, by slice comparisons (C speed) and bisection."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
+def _common(a: tuple, b: tuple, start: int = 0) -> int:
+    """Length of the common prefix of a and b[start:], by slice comparisons (C speed) and bisection.
+    Slices are taken at most len(a) long, so walking a long prompt down many edges stays linear."""
+    n = min(len(a), len(b) - start)
+    if a[:n] == b[start:start + n]:
         return n
-    lo, hi = 0, n                      # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    lo, hi = 0, n                      # a[:lo] == b[start:start+lo], a[:hi] != b[start:start+hi]
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
+        if a[lo:mid] == b[start + lo:start + mid]:
             lo = mid
         else:
             hi = mid
