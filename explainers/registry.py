@@ -240,6 +240,11 @@ def run(slug: str, values: dict) -> dict:
     return {"explainer": slug, "params": params.as_dict(), **explainer.evaluate(params)}
 
 
+def _strict_json(reply: dict) -> str:
+    """JSON the browser can parse: NaN or Infinity is a model bug, reported as one (below), never sent."""
+    return json.dumps(reply, allow_nan=False)
+
+
 def page_json(slug: str, params_json: str) -> str:
     """The browser's entry point: JSON in, JSON out, and never an exception.
 
@@ -253,11 +258,11 @@ def page_json(slug: str, params_json: str) -> str:
         run_reply = values.pop("_run_reply", None)      # the server's measurement, to be put into words
         params = params_from(explainer, values)         # with any uploaded data (`_trace`) attached
         if run_reply is not None and explainer.describe_run is not None:
-            return json.dumps({"ok": True, "params": params.as_dict(),
+            return _strict_json({"ok": True, "params": params.as_dict(),
                                "data": {"texts": {"run_result": explainer.describe_run(params, run_reply)}}})
         if frame is not None and explainer.frame_data is not None:
-            return json.dumps({"ok": True, "params": params.as_dict(), "data": explainer.frame_data(params, int(frame))})
-        return json.dumps({"ok": True, "params": params.as_dict(), "data": explainer.page_data(params)})
+            return _strict_json({"ok": True, "params": params.as_dict(), "data": explainer.frame_data(params, int(frame))})
+        return _strict_json({"ok": True, "params": params.as_dict(), "data": explainer.page_data(params)})
     except ParamError as err:
         return json.dumps({"ok": False, "field": err.field, "message": str(err)})
     except Exception as err:  # a model bug: say so plainly, keep the page alive

@@ -19,6 +19,7 @@ from ..core.timing import attention_flops, flops_per_second, linear_flops as den
 from ..core.gpus import GPUS
 from ..core.links import LINKS
 from ..core.models import MODELS
+from ..core.limits import check_split, check_weights_fit
 from ..core.params import ParamError, Params, choice, integer, number
 from ..core.units import bytes_both, bytes_si, thousands, tokens
 
@@ -73,6 +74,19 @@ class CrossModelParams(Params):
         if s.params >= l_.params:
             raise ParamError("large", f"large must have more parameters than small ({s.title}, "
                                       f"{s.params / 1e9:g}B); got {l_.title} ({l_.params / 1e9:g}B).")
+        gpu = GPUS[self.gpu]
+        check_split("gpus", l_, self.gpus)
+        check_weights_fit("gpus", l_, gpu, self.gpus, WEIGHT_BYTES, "bf16")
+        # The large model's GPUs hold its weights, the maps (unless they wait in host memory) and its new cache.
+        maps = (map_shape(_shape(s), _shape(l_), self.map_input)["numbers"] * dtype_bytes(self.map_dtype)
+                if self.maps_in == "gpu-memory" else 0.0)
+        room = self.gpus * gpu.memory_bytes - l_.params * WEIGHT_BYTES - maps
+        per_token = l_.kv_bytes_per_token(CACHE_BYTES)
+        if self.context * per_token > room:
+            raise ParamError("context", f"context must be at most {max(0, int(room // per_token)):,} tokens for "
+                                        f"{l_.title}'s cache ({per_token:,.0f} B each) to fit in {self.gpus} × "
+                                        f"{gpu.memory_gb:g} GB beside its weights{' and the maps' if maps else ''}; "
+                                        f"got {self.context:,}.")
 
 
 # ---- the shapes of the maps ---------------------------------------------------------------------------

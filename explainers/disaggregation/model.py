@@ -17,7 +17,8 @@ from ..core.timing import attention_flops, decode_step, flops_per_second, linear
 from ..core.gpus import GPUS
 from ..core.links import LINKS
 from ..core.models import MODELS
-from ..core.params import Params, choice, integer, number
+from ..core.limits import check_split, check_weights_fit
+from ..core.params import ParamError, Params, choice, integer, number
 from ..core.units import bytes_both, bytes_si, thousands, tokens
 
 DTYPES = tuple(DTYPE_BITS)
@@ -57,6 +58,22 @@ class DisaggregationParams(Params):
     layers: int | None = integer(None, unit="layers", min=1, max=512, optional=True,
                                  help="Override: layers, i.e. how many pieces layer-by-layer sending uses "
                                       "(empty: the model's); total FLOPs and bytes stay the same")
+
+    def __post_init__(self):
+        super().__post_init__()
+        m = MODELS[self.model]
+        check_split("gpus", m, self.gpus)
+        for pool in (self.prefill_gpu, self.decode_gpu):
+            check_weights_fit("gpus", m, GPUS[pool], self.gpus, WEIGHT_BYTES, "bf16")
+        # The decode pool receives the whole prompt's cache and grows it by every output token, beside the weights.
+        room = self.gpus * GPUS[self.decode_gpu].memory_bytes - m.params * WEIGHT_BYTES
+        per_token = m.kv_bytes_per_token(dtype_bytes(self.kv_dtype))
+        if (self.context + self.output_tokens) * per_token > room:
+            most = int(room // per_token) - self.output_tokens
+            raise ParamError("context", f"context must be at most {max(0, most):,} tokens for its cache and "
+                                        f"{self.output_tokens:,} output tokens ({per_token:,.0f} B each) to fit in "
+                                        f"the decode pool's {bytes_si(room)} beside the weights; got "
+                                        f"{self.context:,}.")
 
 
 # ---- the arithmetic ---------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ def test_layer_and_input_widths():
     s, l_ = {"layers": 48, "kv_heads": 8, "head_dim": 128}, {"layers": 64, "kv_heads": 8, "head_dim": 128}
     assert map_shape(s, l_, "layer")["d_in"] == 1_024
     assert map_shape(s, l_, "all-layers")["d_in"] == 98_304
-    assert evaluate(P(map_input="all-layers"))["map_memory_bytes"] == 1_024 * 98_305 * 128 * 2     # 25.8 GB
+    assert evaluate(P(map_input="all-layers", gpus=2))["map_memory_bytes"] == 1_024 * 98_305 * 128 * 2     # 25.8 GB
 
 
 def test_break_even_with_dense_maps_streamed_from_host():
@@ -69,7 +69,7 @@ def test_break_even_with_dense_maps_streamed_from_host():
     assert at["map_seconds"] == pytest.approx(at["reprefill_seconds"], rel=1e-4)
     below, above = costs(p, 4_000), costs(p, 6_000)
     assert below["map_seconds"] > below["reprefill_seconds"] and above["map_seconds"] < above["reprefill_seconds"]
-    assert evaluate(P(map_input="all-layers"))["break_even_kind"] == "map-always"
+    assert evaluate(P(map_input="all-layers", gpus=2))["break_even_kind"] == "map-always"
 
 
 def test_try_this_numbers():
@@ -161,3 +161,18 @@ def test_invariants(data):
     if p.map_input == "head" and p.small_prefill == "already-paid":
         assert r["flops_ratio"] < 1
     assert json.dumps(page_data(p), allow_nan=False)
+
+
+def test_a_large_model_that_cannot_hold_its_weights_maps_and_cache_is_refused():
+    # 25.8 GB of all-layers maps beside Qwen2.5-32B's 65 GB of weights do not fit one 80 GB H100; two do.
+    with pytest.raises(ParamError, match=r"^context must be at most 0 tokens .*and the maps; got 8,000\.$"):
+        P(map_input="all-layers")
+    P(map_input="all-layers", gpus=2)
+    P(map_input="all-layers", maps_in="host-memory")
+    # 80 GB - 65 GB - 33.8 MB of maps at 262,144 B per token (64 layers x 8 KV heads x 128 x 2 x 2 B).
+    most = int((80e9 - 32.5e9 * 2 - 1_024 * 129 * 128 * 2) // 262_144)
+    P(context=most)
+    with pytest.raises(ParamError, match=f"^context must be at most {most:,} tokens"):
+        P(context=most + 1)
+    with pytest.raises(ParamError, match=r"^gpus must be at least 2 to hold Qwen2.5 72B's 145.4 GB"):
+        P(large="qwen2.5-72b")

@@ -7,7 +7,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, reject, settings, strategies as st
 
 from kvx.explainers.core.gpus import GPUS
 from kvx.explainers.core.links import LINKS
@@ -48,12 +48,12 @@ def test_times_come_from_the_shared_model_and_name_their_efficiencies():
                                                                  gpus=8, mfu=0.5))
     half = evaluate(P(bandwidth_efficiency=0.5))
     assert half["tpot_seconds"] == pytest.approx(2 * r["tpot_seconds"]) and half["prefill_seconds"] == r["prefill_seconds"]
-    v3 = evaluate(P(model="deepseek-v3", context=1_000))
+    v3 = evaluate(P(model="deepseek-v3", context=1_000, gpus=32))     # 1.34 TB of bf16 weights: 17 H100s at least
     assert v3["attention_flops"] == 2 * 61 * 128 * (192 + 128) * 1_000 ** 2 / 2
     assert v3["dense_flops"] == 2 * 37e9 * 1_000
     assert v3["tpot_seconds"] == pytest.approx(decode_step(MODELS["deepseek-v3"], GPUS["h100-sxm"], batch=1, context=1_000,
-                                                           gpus=8)["seconds"])
-    assert v3["tpot_seconds"] == pytest.approx((37e9 * 2 + 1_000 * 70_272) / (8 * 3_350e9))
+                                                           gpus=32)["seconds"])
+    assert v3["tpot_seconds"] == pytest.approx((37e9 * 2 + 1_000 * 70_272) / (32 * 3_350e9))
     rows = {f["name"]: f for f in page_data(P(bandwidth_efficiency=0.8))["formula"]}
     assert "× 0.8)" in rows["Decode time per token (TPOT)"]["substituted"]
     assert "(128 + 128)" in rows["Prefill FLOPs"]["substituted"]
@@ -179,11 +179,20 @@ def test_gantt_frames_and_captions():
     assert d["animation"]["frames"] == 42 and d["ranges"]["gantt_x"][1] >= max(rows["end"])
 
 
+def _possible(**kwargs):
+    """Only configurations that can exist (the weights and the cache fit the pools, the GPUs split the model)."""
+    try:
+        return P(**kwargs)
+    except ParamError:
+        reject()
+
+
 strategy = st.builds(
-    P, model=st.sampled_from(sorted(MODELS)), context=st.integers(1, 2_000_000), output_tokens=st.integers(1, 5_000),
-    kv_dtype=st.sampled_from(["bf16", "fp8", "4.5"]), prefill_gpu=st.sampled_from(sorted(GPUS)),
-    gpus=st.integers(1, 64), mfu=st.floats(0.01, 1.0), link=st.sampled_from(sorted(LINKS)),
-    links=st.integers(1, 64), latency_us=st.floats(0, 10_000), layers=st.one_of(st.none(), st.integers(1, 512)))
+    _possible, model=st.sampled_from(sorted(MODELS)), context=st.integers(1, 2_000_000),
+    output_tokens=st.integers(1, 5_000), kv_dtype=st.sampled_from(["bf16", "fp8", "4.5"]),
+    prefill_gpu=st.sampled_from(sorted(GPUS)), gpus=st.integers(16, 64), mfu=st.floats(0.01, 1.0),
+    link=st.sampled_from(sorted(LINKS)), links=st.integers(1, 64), latency_us=st.floats(0, 10_000),
+    layers=st.one_of(st.none(), st.integers(1, 512)))
 
 
 @settings(max_examples=200, deadline=None)
@@ -217,3 +226,18 @@ def test_more_links_never_expose_more(p, factor):
     wider = P(**{**p.as_dict(), "links": min(64, p.links * factor)})
     assert evaluate(wider)["exposed_seconds_after"] <= evaluate(p)["exposed_seconds_after"]
     assert evaluate(wider)["exposed_seconds_layerwise"] <= evaluate(p)["exposed_seconds_layerwise"] * (1 + 1e-12)
+
+
+def test_pools_that_cannot_hold_the_model_or_its_cache_are_refused():
+    # Llama 3.1 405B in bf16: 811.7 GB, so 11 H100s per pool at least.
+    with pytest.raises(ParamError, match=r"^gpus must be at least 11 .*811\.7 GB.*; got 8\.$"):
+        P(model="llama-3-405b")
+    # The decode pool: 8 x 80 GB - 141.1 GB of weights = 498.9 GB, at 327,680 B per token.
+    most = int((640e9 - 70.55e9 * 2) // 327_680) - 256
+    P(context=most)
+    with pytest.raises(ParamError, match=f"^context must be at most {most:,} tokens .*; got {most + 1:,}\\.$"):
+        P(context=most + 1)
+    # 64 GPUs of Falcon 7B: its 71 heads allow no tensor parallelism, and 64 stages exceed its 32 layers.
+    with pytest.raises(ParamError, match="^gpus must be a tensor-parallel degree .*got 64"):
+        P(model="falcon-7b", gpus=64)
+    P(model="opt-175b", prefill_gpu="a100-80gb", decode_gpu="a100-80gb", gpus=9, context=2_048)   # DistServe: 3 x 3
