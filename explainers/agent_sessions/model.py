@@ -255,7 +255,7 @@ def formula(p: AgentParams, r: dict) -> list[dict]:
          "result": f"{thousands(r['capacity_tokens'])} tokens"},
         {"name": "Sessions at full length", "formula": "KV tokens ÷ (initial + (turns − 1) × growth + output)",
          "substituted": f"{thousands(r['capacity_tokens'])} ÷ {thousands(longest)}",
-         "result": f"{r['sessions_that_fit']} of {p.sessions}"},
+         "result": f"room for {r['sessions_that_fit']:,}; {p.sessions} run"},
     ]
     if p.turns > 1:
         last_history = longest - p.output_tokens - p.growth_tokens
@@ -277,7 +277,8 @@ def readouts(p: AgentParams, r: dict) -> list[dict]:
         {"label": "Hit rate", "value": "none" if r["hit_rate"] is None else f"{r['hit_rate']:.0%}",
          "detail": "no session returns: one turn each" if r["hit_rate"] is None
          else "of returning turns' history found in GPU memory"},
-        {"label": "Sessions that fit", "value": f"{r['sessions_that_fit']} of {p.sessions}",
+        # Never "7 of 1": at most every session fits; the room left is in the formula row.
+        {"label": "Sessions that fit", "value": f"{min(r['sessions_that_fit'], p.sessions)} of {p.sessions}",
          "detail": f"at full length, in {thousands(r['capacity_tokens'])} tokens of KV"},
         {"label": "Mean turn", "value": f"{r['mean_turn_seconds']:.2f} s",
          "detail": (f"a last turn that hits costs {hit:.2f} s; " if hit is not None else "")

@@ -113,3 +113,9 @@ def test_animation_frames_reveal_turns_in_time_order():
     assert frames == sorted(frames) and frames[0] == 0
     assert d["animation"]["frames"] == len(d["animation"]["captions"]) == frames[-1] + 1 <= 120
     assert d["sources"]["turns"]["start"] == sorted(d["sources"]["turns"]["start"])
+
+
+def test_sessions_that_fit_never_exceed_the_sessions():
+    d = page_data(P(sessions=1, turns=2))
+    assert [x["value"] for x in d["readouts"] if x["label"] == "Sessions that fit"] == ["1 of 1"]
+    assert [f["result"] for f in d["formula"] if f["name"] == "Sessions at full length"] == ["room for 7; 1 run"]
