@@ -17,6 +17,7 @@ import math
 
 from ..core import baked
 from ..core.dtypes import DTYPE_BITS, dtype_bits, dtype_bytes
+from ..core.limits import kept_tokens
 from ..core.models import MODELS, ModelPreset
 from ..core.params import Params, choice, integer, number
 from ..core.units import bytes_both, bytes_iec, bytes_si, thousands, tokens
@@ -145,13 +146,14 @@ def evaluate(p: CrossLayerParams) -> dict:
     st = stages(m, p.share, p.kv_dtype, p.keep)
     final = st[-1]["bytes"]
     own = st[1]["bytes"]
-    total = final * p.context * p.sessions
+    kept = kept_tokens(p.keep / 100, p.context)           # whole tokens: a cache keeps no fraction of one
+    total = st[3]["bytes"] * kept * p.sessions
     return {
         "mha_bytes_per_token": st[0]["bytes"], "own_bytes_per_token": own,
         "shared_bytes_per_token": st[2]["bytes"], "typed_bytes_per_token": st[3]["bytes"],
         "bytes_per_token": final, "cached_layers": cached_layers(m.layers, p.share), "layers": m.layers,
         "sharing_factor": m.layers / cached_layers(m.layers, p.share),
-        "total_bytes": total, "own_total_bytes": own * p.context * p.sessions,
+        "kept_tokens": kept, "total_bytes": total, "own_total_bytes": own * p.context * p.sessions,
         "vs_own": final / own, "vs_mha": final / st[0]["bytes"],
         "measured": measured_summary(p.share),
     }
@@ -281,12 +283,13 @@ def measured_text(b: dict, share: int) -> str:
 # ---- the page ---------------------------------------------------------------------------------------
 def curves(p: CrossLayerParams) -> dict:
     m = PRESETS[p.model]
-    per = {s: per_token(m, s, p.kv_dtype, p.keep) for s in CURVE_SHARES}
+    per = {s: per_token(m, s, p.kv_dtype, 100) for s in CURVE_SHARES}      # per token kept
     raw = m.kv_bytes_per_token(dtype_bytes(BASE_DTYPE))
     contexts = sorted(set(CURVE_CONTEXTS + [p.context]))
+    kept = [kept_tokens(p.keep / 100, n) for n in contexts]
     return {"context": contexts,
             "raw": [raw * n * p.sessions / 1e9 for n in contexts],
-            **{f"s{s}": [per[s] * n * p.sessions / 1e9 for n in contexts] for s in CURVE_SHARES}}
+            **{f"s{s}": [per[s] * k * p.sessions / 1e9 for k in kept] for s in CURVE_SHARES}}
 
 
 def page_data(p: CrossLayerParams) -> dict:
@@ -368,8 +371,9 @@ def formula(p: CrossLayerParams, r: dict, st: list[dict]) -> list[dict]:
                         f"{p.keep / 100:g}",
          "result": f"{_num(r['bytes_per_token'])} B: 1/{1 / r['vs_own']:,.4g} of {m.title}'s bf16 cache, "
                    f"1/{1 / r['vs_mha']:,.4g} of MHA's"},
-        {"name": "All sessions' caches", "formula": "bytes per token × context × sessions",
-         "substituted": f"{_num(r['bytes_per_token'])} B × {tokens(p.context)} × {thousands(p.sessions)}",
+        {"name": "All sessions' caches", "formula": "bytes per cached token × tokens kept × sessions, where tokens "
+                                                    "kept = max(1, round(kept share × context))",
+         "substituted": f"{_num(st[3]['bytes'])} B × {tokens(r['kept_tokens'])} × {thousands(p.sessions)}",
          "result": f"{bytes_both(r['total_bytes'])} (without compression beyond its own attention: "
                    f"{bytes_both(r['own_total_bytes'])})"},
     ]
@@ -405,7 +409,8 @@ def readouts(p: CrossLayerParams, r: dict) -> list[dict]:
         {"label": f"Sharing 1:{p.share}", "value": f"÷{r['sharing_factor']:,.3g}",
          "detail": f"{r['cached_layers']} of {r['layers']} layers cache K and V"},
         {"label": "All sessions", "value": bytes_si(r["total_bytes"]),
-         "detail": f"= {bytes_iec(r['total_bytes'])}: {thousands(p.sessions)} × {tokens(p.context)} tokens"},
+         "detail": f"= {bytes_iec(r['total_bytes'])}: {thousands(p.sessions)} × {tokens(p.context)} tokens"
+                   + ("" if r["kept_tokens"] == p.context else f", {tokens(r['kept_tokens'])} of them kept")},
     ]
     own = ms["own"]
     if ms["imposed"] is not None:
