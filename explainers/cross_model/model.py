@@ -174,7 +174,8 @@ def break_even(p: CrossModelParams) -> dict:
             hi = mid
         if hi - lo < 0.01:
             break
-    return {"kind": "crossing", "tokens": hi}
+    n = math.ceil(lo)                           # contexts are whole tokens: the first one at which mapping wins
+    return {"kind": "crossing", "tokens": n if gap(n) <= 0 else n + 1}
 
 
 def flops_break_even(p: CrossModelParams) -> dict:
@@ -188,7 +189,7 @@ def flops_break_even(p: CrossModelParams) -> dict:
         return {"kind": "map-fewer", "tokens": None}
     if a <= 0:
         return {"kind": "map-more", "tokens": None}
-    return {"kind": "crossing", "tokens": (c - two_p) / a}
+    return {"kind": "crossing", "tokens": math.ceil((c - two_p) / a)}     # the first whole context past it
 
 
 def evaluate(p: CrossModelParams) -> dict:

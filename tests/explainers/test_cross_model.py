@@ -63,10 +63,10 @@ def test_layer_and_input_widths():
 def test_break_even_with_dense_maps_streamed_from_host():
     p = P(map_input="all-layers", maps_in="host-memory")
     r = evaluate(p)
-    assert r["break_even_kind"] == "crossing" and round(r["break_even_tokens"]) == 4_775
+    assert r["break_even_kind"] == "crossing" and r["break_even_tokens"] == 4_776     # crossing at 4,775.2 tokens
     assert round(r["host_seconds"], 2) == 0.41                    # 25.8 GB over PCIe 5.0 x16 at 63 GB/s
-    at = costs(p, r["break_even_tokens"])
-    assert at["map_seconds"] == pytest.approx(at["reprefill_seconds"], rel=1e-4)
+    at, before = costs(p, 4_776), costs(p, 4_775)                 # the first whole context at which mapping wins
+    assert at["map_seconds"] <= at["reprefill_seconds"] and before["map_seconds"] > before["reprefill_seconds"]
     below, above = costs(p, 4_000), costs(p, 6_000)
     assert below["map_seconds"] > below["reprefill_seconds"] and above["map_seconds"] < above["reprefill_seconds"]
     assert evaluate(P(map_input="all-layers", gpus=2))["break_even_kind"] == "map-always"
