@@ -1,21 +1,31 @@
 """Reserve for the worst case, or page.
 
-Two allocators serve the same stream of requests from KV memories of the same size, one decode
-step at a time:
+Two allocators serve the same stream of requests from KV memories of the same size, one engine step at a time,
+under one scheduler whose accounting follows nano-vllm (engine/scheduler.py and engine/block_manager.py,
+commit bb823b3) and vLLM v1:
 
-- reserve: each request gets one contiguous chunk when it is admitted, sized for its maximum length
-  ("max"), for the next power of two above its real length ("pow2"), or for exactly its real
-  length ("oracle"), as the PagedAttention paper's Orca baselines do (Kwon et al., SOSP 2023, sec. 6.1);
-- paged: fixed-size blocks, allocated one at a time as a request's tokens fill them, through a
-  per-request block table; when no block is free, a running request is preempted (its blocks freed,
-  to be recomputed or swapped back in later) or the request waits.
+- a step either prefills the requests at the head of the queue that fit (and nothing else runs), or, when none
+  fits, decodes every running request by one token;
+- a prefill writes the KV of every token the request has so far; a decode step writes the KV of the token sampled
+  in the step before, so the token a step samples is stored in the next step, and the last one never;
+- reserve: each request gets one contiguous chunk when it is admitted, sized for its maximum length ("max"), for
+  the next power of two above its real length ("pow2"), or for exactly its real length ("oracle"), as the
+  PagedAttention paper's Orca baselines do (Kwon et al., SOSP 2023, sec. 6.1);
+- paged: fixed-size blocks from a first-in, first-out free list, a block table per request, a block taken only
+  when a token is written past the last one. When a running request needs a block and none is free, the latest
+  admitted is preempted: recomputed later (full blocks keep their contents until reused, so it re-finds its own
+  prefix, as with prefix caching), or swapped out and back; or ("wait") a request is admitted only when every
+  running one is sure of blocks up to max_len, so none is ever preempted.
 
 Deterministic for a given seed. Standard library only: this module runs in the browser.
 """
 from __future__ import annotations
 
+import bisect
+import collections
 import dataclasses
-import functools
+import heapq
+import itertools
 import math
 import random
 
@@ -23,11 +33,14 @@ from ..core.params import ParamError, Params, choice, integer
 from ..core.units import thousands
 
 ROW_SLOTS = 512                 # the memory maps wrap every 512 token slots
+PREFILL_TOKENS = 16_384         # tokens one prefill step may compute: nano-vllm's max_num_batched_tokens default
+MAX_STEPS = 50_000              # a run longer than this is stopped, and the page says so
 
 
 @dataclasses.dataclass(frozen=True)
 class PagingParams(Params):
-    requests: int = integer(40, unit="requests", min=1, max=200, help="Requests in the stream")
+    requests: int = integer(40, unit="requests", min=2, max=200,
+                            help="Requests in the stream (two at least: one request alone has nothing to share with)")
     prompt_mean: int = integer(161, unit="tokens", min=1, max=4096,
                                help="Mean prompt length (exponential); ShareGPT's is 161 (PagedAttention, Fig. 11)")
     output_mean: int = integer(338, unit="tokens", min=1, max=4096,
@@ -35,10 +48,12 @@ class PagingParams(Params):
     max_len: int = integer(2048, unit="tokens", min=16, max=16384, help="Longest a request may be, prompt + output")
     block_size: int = integer(16, unit="tokens", min=1, max=256, help="Tokens per block (paged)")
     memory_slots: int = integer(8192, unit="tokens", min=64, max=131072, help="KV memory, in token slots")
-    arrival_gap: int = integer(4, unit="steps", min=0, max=1000, help="Decode steps between arrivals")
+    arrival_gap: int = integer(4, unit="steps", min=0, max=1000, help="Engine steps between arrivals")
     reserve: str = choice("max", ("max", "pow2", "oracle"), help="How much the reserving allocator sets aside")
     on_full: str = choice("recompute", ("recompute", "swap", "wait"),
-                          help="Paged, when no block is free: preempt (recompute or swap) or wait")
+                          help="Paged: when a running request needs a block and none is free, preempt the latest "
+                               "admitted and recompute it later or swap it out; or wait: admit a request only when "
+                               "every running one is sure of blocks up to max_len, so none is ever preempted")
     seed: int = integer(0, unit="seed", min=0, max=10_000, help="Seed for lengths")
     inspect: int = integer(0, unit="request", min=0, max=199, help="Request whose block table is shown")
 
@@ -50,6 +65,17 @@ class PagingParams(Params):
         if self.max_len > self.memory_slots:
             raise ParamError("max_len", f"max_len must be at most memory_slots ({self.memory_slots:,} tokens), "
                                         f"so that one request fits; got {self.max_len:,}.")
+        whole = -(-self.max_len // self.block_size) * self.block_size
+        if whole > self.memory_slots:
+            raise ParamError("memory_slots", f"memory_slots must hold one request of max_len ({self.max_len:,} "
+                                             f"tokens) in whole blocks of {self.block_size}, at least {whole:,} "
+                                             f"token slots; got {self.memory_slots:,}.")
+        last_arrival = (self.requests - 1) * self.arrival_gap
+        if last_arrival >= MAX_STEPS:
+            most = (MAX_STEPS - 1) // (self.requests - 1)
+            raise ParamError("arrival_gap", f"arrival_gap must be at most {most:,} steps with {self.requests} "
+                                            f"requests, so that the last arrives within the {MAX_STEPS:,} steps "
+                                            f"simulated; got {self.arrival_gap:,}.")
 
 
 # eq=False: the simulator asks "is this request still running?" thousands of times a run, and each
@@ -86,159 +112,370 @@ def reservation(p: PagingParams, r: Request) -> int:
 
 
 # ---- the two allocators ------------------------------------------------------------------------------
+# Both answer the scheduler's questions: can this request be admitted with `tokens` tokens (and how many of them
+# are already cached)? Is there room to write the token at index `written`? `used` is the token slots allocated.
 class ReserveAllocator:
     """Contiguous chunks, first fit. A chunk is reserved on admission and freed on completion."""
 
     def __init__(self, p: PagingParams):
         self.p = p
         self.chunks: dict[int, tuple[int, int]] = {}       # request -> (start, size)
+        self.used = 0
 
-    def admit(self, r: Request, stored: int) -> bool:
-        size = reservation(self.p, r)
+    def _first_fit(self, size: int) -> int | None:
         start = 0
         for s, n in sorted(self.chunks.values()):
             if s - start >= size:
                 break
             start = max(start, s + n)
-        if start + size > self.p.memory_slots:
-            return False
-        self.chunks[r.id] = (start, size)
-        return True
+        return start if start + size <= self.p.memory_slots else None
 
-    def grow(self, r: Request, stored: int) -> bool:
-        return stored <= self.chunks[r.id][1]                   # never runs out: the reservation covers it
+    def fits(self, r: Request, tokens: int, running: int) -> int | None:
+        return None if self._first_fit(reservation(self.p, r)) is None else 0
 
-    def free(self, rid: int) -> None:
-        del self.chunks[rid]
+    def admit(self, r: Request, tokens: int, cached: int) -> None:
+        size = reservation(self.p, r)
+        self.chunks[r.id] = (self._first_fit(size), size)
+        self.used += size
+
+    def append(self, r: Request, written: int) -> bool:
+        return True                                             # the reservation covers every token
+
+    def release(self, r: Request, keep: int = 0) -> None:
+        self.used -= self.chunks.pop(r.id)[1]
 
     def reserved(self) -> int:
-        return sum(n for _, n in self.chunks.values())
+        return self.used
 
 
 class PagedAllocator:
-    """Fixed-size blocks from a free list; a block table per request, filled as tokens arrive."""
+    """Fixed-size blocks from a first-in, first-out free list; a block table per request, filled as tokens arrive.
+
+    As in nano-vllm's BlockManager (and vLLM v1's free block queue), freed blocks go to the back of the free list
+    and keep what they hold until they are taken again, so a preempted request re-finds its own full blocks
+    (prefix caching; only with on_full=recompute, where that saves work). Requests share no prefixes here.
+    """
 
     def __init__(self, p: PagingParams):
-        self.p = p
-        self.free_blocks = list(range(p.memory_slots // p.block_size - 1, -1, -1))   # pop() gives block 0 first
+        self.p, self.bs = p, p.block_size
+        self.blocks = p.memory_slots // p.block_size
+        # The free list is a list read from `head`. Its entries are numbered from the first ever appended
+        # (absolute number = base + index in the list), so an entry is still free while its number is at least
+        # base + head, unless it was re-found from the middle: those ranges are in `gone`, skipped when reached.
+        # Taking blocks from the front is then a list slice, with no work per block.
+        self.queue, self.head, self.base = list(range(self.blocks)), 0, 0
+        self.gone: list[tuple[int, int]] = []                  # a heap of (first, last) entries re-found
+        self.nfree = self.blocks
         self.tables: dict[int, list[int]] = {}
+        self.used = 0
+        self.caching = p.on_full == "recompute"
+        # A preempted request's full blocks, first to last, and the entry of the first: its blocks were freed
+        # last first, so block i sits at entry first - i, and stays findable until the front passes it.
+        self.cached: dict[int, tuple[list[int], int]] = {}
+        # on_full=wait: admit only while every running request, and the new one, could reach max_len.
+        self.guarantee = self.blocks_for(p.max_len) if p.on_full == "wait" else 0
+
+    @property
+    def free_blocks(self) -> list[int]:
+        """The free list, front first (for tests and the page; the allocator itself never lists it)."""
+        gone = {e for lo, hi in self.gone for e in range(lo, hi + 1)}
+        return [b for e, b in enumerate(self.queue[self.head:], self.base + self.head) if e not in gone]
 
     def blocks_for(self, tokens: int) -> int:
-        return math.ceil(tokens / self.p.block_size)
+        return -(-tokens // self.bs)
 
-    def admit(self, r: Request, stored: int) -> bool:
-        # While others run, keep a watermark of free blocks (1%, at least one, as vLLM does) so they can grow.
-        need = self.blocks_for(stored)
-        watermark = max(1, (self.p.memory_slots // self.p.block_size) // 100) if self.tables else 0
-        if need + watermark > len(self.free_blocks):
-            return False
-        self.tables[r.id] = [self.free_blocks.pop() for _ in range(need)]
-        return True
+    def findable(self, rid: int) -> list[int]:
+        """The blocks a preempted request would find still holding its first blocks (a prefix of them)."""
+        blocks, first = self.cached.get(rid, ((), 0))
+        return list(blocks[:max(0, first - (self.base + self.head) + 1)])
 
-    def grow(self, r: Request, stored: int) -> bool:
-        table = self.tables[r.id]
-        if self.blocks_for(stored) <= len(table):
+    def fits(self, r: Request, tokens: int, running: int) -> int | None:
+        need = self.blocks_for(tokens)
+        if need > self.nfree or (running + 1) * self.guarantee > self.blocks:
+            return None
+        return min(need - 1, len(self.findable(r.id))) * self.bs    # never the last block (nano-vllm)
+
+    def admit(self, r: Request, tokens: int, cached: int) -> None:
+        table = []
+        if cached:
+            blocks, first = self.cached.pop(r.id)
+            hits = cached // self.bs
+            table = blocks[:hits]
+            heapq.heappush(self.gone, (first - hits + 1, first))
+            self.nfree -= hits
+        table.extend(self.take(self.blocks_for(tokens) - len(table)))
+        self.tables[r.id] = table
+        self.used += len(table) * self.bs
+
+    def take(self, count: int) -> list[int]:
+        """The first `count` free blocks; what they held is no longer findable."""
+        out, q = [], self.queue
+        while len(out) < count:
+            need = count - len(out)
+            if self.gone and self.gone[0][0] < self.base + self.head + need:     # skip a range re-found
+                lo, hi = heapq.heappop(self.gone)
+                out.extend(q[self.head:lo - self.base])
+                self.head = hi - self.base + 1
+            else:
+                out.extend(q[self.head:self.head + need])
+                self.head += need
+        self.nfree -= count
+        if self.head > 2 * self.blocks:                             # drop what was read, keep the numbering
+            self.base += self.head
+            self.queue, self.head = q[self.head:], 0
+        return out
+
+    def append(self, r: Request, written: int) -> bool:
+        if written < len(self.tables[r.id]) * self.bs:
             return True
-        if not self.free_blocks:
+        if not self.nfree:
             return False
-        table.append(self.free_blocks.pop())
+        self.tables[r.id].extend(self.take(1))
+        self.used += self.bs
         return True
 
-    def free(self, rid: int) -> None:
-        self.free_blocks.extend(reversed(self.tables.pop(rid)))
+    def release(self, r: Request, keep: int = 0) -> None:
+        """Free the request's blocks, the last first; with keep, its first keep tokens' full blocks stay findable.
+
+        nano-vllm registers a block's hash as soon as it is full (hash_blocks); only a preempted request ever
+        looks its own blocks up again (requests share no prefixes here), so remembering them when it is
+        preempted finds exactly the same blocks. A request stores more tokens each time it is preempted, so
+        this replaces all it had left before."""
+        table = self.tables.pop(r.id)
+        if self.caching and keep >= self.bs:
+            self.cached[r.id] = (table[:keep // self.bs], self.base + len(self.queue) + len(table) - 1)
+        self.queue.extend(reversed(table))
+        self.nfree += len(table)
+        self.used -= len(table) * self.bs
 
     def reserved(self) -> int:
-        return sum(len(t) for t in self.tables.values()) * self.p.block_size
+        return self.used
 
 
 # ---- the simulation ------------------------------------------------------------------------------------
-class Simulation:
-    """One allocator serving the whole stream, a decode step per call to step()."""
+COLUMNS = ("stored", "in_use", "running", "waiting", "done", "short", "preemptions", "recomputed", "refound",
+           "swapped")
 
-    def __init__(self, p: PagingParams, kind: str):
+
+class Simulation:
+    """One allocator serving the whole stream, an engine step per call to step().
+
+    With record=True it keeps one row per step in `cols` (COLUMNS: tokens stored, slots allocated, requests
+    running, waiting and done, whether memory was short, and the running totals of the preemption counters).
+    """
+
+    def __init__(self, p: PagingParams, kind: str, record: bool = False, reqs: list[Request] | None = None):
         self.p, self.kind = p, kind
         self.alloc = ReserveAllocator(p) if kind == "reserve" else PagedAllocator(p)
-        self.reqs = workload(p)
-        self.pending = list(self.reqs)                  # not yet arrived
-        self.waiting: list[Request] = []                # arrived, not running (new or preempted)
+        self.reqs = workload(p) if reqs is None else reqs          # ids 0, 1, ... in arrival order
+        self.pending = collections.deque(self.reqs)     # not yet arrived
+        self.waiting: collections.deque[Request] = collections.deque()   # arrived, not running (new or preempted)
         self.running: list[Request] = []                # in admission order
-        self.generated = {r.id: 0 for r in self.reqs}
-        self.done: set[int] = set()
-        self.swapped_out: set[int] = set()
-        self.preemptions = self.recomputed = self.swapped = 0
-        self.blocked = False                            # a request could not grow last step
+        self.generated = [0] * len(self.reqs)           # tokens sampled so far
+        self.written = [0] * len(self.reqs)             # tokens whose KV is stored (0 unless running)
+        self.stored_total = 0
+        self.done = 0
+        self.preemptions = self.recomputed = self.refound = self.swapped = 0
+        self.short = False                              # this step, memory kept a request out or from growing
         self.now = -1
+        self.cols = {c: [] for c in COLUMNS} if record else None
 
     @property
     def finished(self) -> bool:
-        return len(self.done) == len(self.reqs)
+        return self.done == len(self.reqs)
 
     def stored(self, r: Request) -> int:
-        return r.prompt + self.generated[r.id]
+        return self.written[r.id]
 
-    def _preempt(self, victim: Request) -> None:
-        self.running.remove(victim)
-        self.alloc.free(victim.id)
-        self.waiting.insert(0, victim)
-        self.preemptions += 1
-        if self.p.on_full == "swap":
-            self.swapped += self.stored(victim)
-            self.swapped_out.add(victim.id)
-
+    # -- one step, as nano-vllm's Scheduler.schedule() and postprocess() do it
     def step(self) -> None:
         self.now += 1
         while self.pending and self.pending[0].arrival <= self.now:
-            self.waiting.append(self.pending.pop(0))
-        # Admit in order (preempted requests went back to the front) while memory allows, but not
-        # right after running requests ran out of room: that would only preempt again (thrash).
-        while not self.blocked and self.waiting and self.alloc.admit(self.waiting[0], self.stored(self.waiting[0])):
-            r = self.waiting.pop(0)
+            self.waiting.append(self.pending.popleft())
+        self.short = False
+        self._sampled(self._prefill() or self._decode())
+        if self.cols is not None:
+            self._record(1, None)
+
+    def _prefill(self) -> list[Request]:
+        """Admit from the head of the queue while the head fits; each writes the KV of all its tokens."""
+        budget, batch = PREFILL_TOKENS, []
+        while self.waiting and budget:
+            r = self.waiting[0]
+            tokens = r.prompt + self.generated[r.id]
+            cached = self.alloc.fits(r, tokens, len(self.running))
+            if cached is None:
+                self.short = True
+                break
+            if tokens - cached > budget and batch:      # a prompt is < 16,384 tokens: the first always fits
+                break
+            self.waiting.popleft()
+            self.alloc.admit(r, tokens, cached)
+            if self.generated[r.id]:                    # it had been preempted: its cache comes back
+                if self.p.on_full == "swap":
+                    self.swapped += tokens - 1
+                else:                                   # the last token's KV was never written: it is new work
+                    self.recomputed += tokens - 1 - cached
+                    self.refound += cached
+            budget -= tokens - cached
+            self.written[r.id] = tokens
+            self.stored_total += tokens
             self.running.append(r)
-            if self.generated[r.id]:                    # it had been preempted: bring its cache back
-                if r.id in self.swapped_out:
-                    self.swapped += self.stored(r)
-                    self.swapped_out.discard(r.id)
+            batch.append(r)
+        return batch
+
+    def _decode(self) -> list[Request]:
+        """Every running request writes the KV of its last sampled token; the latest admitted makes room."""
+        queue, batch = collections.deque(self.running), []
+        while queue:
+            r = queue.popleft()
+            w = self.written[r.id]
+            while not self.alloc.append(r, w):
+                self.short = True
+                if queue:
+                    self._preempt(queue.pop())
                 else:
-                    self.recomputed += self.stored(r)
-        # Every running request stores one more token: the one it generates this step.
-        progressed, self.blocked = False, False
-        for r in list(self.running):
-            if r not in self.running:                   # preempted earlier in this step
-                continue
-            while not self.alloc.grow(r, self.stored(r) + 1):
-                self.blocked = True
-                if self.p.on_full == "wait":
-                    break
-                victim = self.running[-1]               # the latest admitted, as vLLM preempts
-                self._preempt(victim)
-                if victim is r:
+                    self._preempt(r)
                     break
             else:
-                progressed = True
-                self.generated[r.id] += 1
-                if self.generated[r.id] == r.output:
-                    self.running.remove(r)
-                    self.alloc.free(r.id)
-                    self.done.add(r.id)
-        if self.running and not progressed:             # everyone waits on a block: free the latest
-            self._preempt(self.running[-1])
+                self.written[r.id] = w + 1
+                self.stored_total += 1
+                batch.append(r)
+        self.running = batch
+        return batch
+
+    def _preempt(self, victim: Request) -> None:
+        w = self.written[victim.id]
+        self.alloc.release(victim, keep=w)
+        if self.p.on_full == "swap":
+            self.swapped += w
+        self.stored_total -= w
+        self.written[victim.id] = 0
+        self.waiting.appendleft(victim)
+        self.preemptions += 1
+
+    def _sampled(self, batch: list[Request]) -> None:
+        """Each request in the batch samples a token; one that has all its output is done and frees its memory."""
+        ended = False
+        for r in batch:
+            self.generated[r.id] += 1
+            if self.generated[r.id] == r.output:
+                self.alloc.release(r)
+                self.stored_total -= self.written[r.id]
+                self.written[r.id] = 0
+                self.done += 1
+                ended = True
+        if ended:
+            self.running = [r for r in self.running if self.generated[r.id] < r.output]
+
+    def _record(self, steps: int, grown: list[int] | None) -> None:
+        """Rows for the last `steps` steps; grown[j], if given, is how many blocks step j took (plain steps)."""
+        c, n = self.cols, len(self.running)
+        if steps == 1:
+            c["stored"].append(self.stored_total)
+            c["in_use"].append(self.alloc.used)
+        else:
+            c["stored"].extend(range(self.stored_total - n * (steps - 1), self.stored_total + 1, n) if n
+                               else [self.stored_total] * steps)
+            if grown is None:
+                c["in_use"].extend([self.alloc.used] * steps)
+            else:
+                bs = self.alloc.bs
+                c["in_use"].extend(itertools.accumulate((g * bs for g in grown),
+                                                        initial=self.alloc.used - sum(grown) * bs))
+                c["in_use"].pop(-steps - 1)             # accumulate's initial value is the step before
+        for name, value in (("running", n), ("waiting", len(self.waiting)), ("done", self.done),
+                            ("short", self.short), ("preemptions", self.preemptions),
+                            ("recomputed", self.recomputed), ("refound", self.refound), ("swapped", self.swapped)):
+            c[name].extend([value] * steps)
+
+    # -- many steps at once, where nothing happens but decoding
+    def plain_steps(self, limit: int) -> tuple[int, list[int] | None]:
+        """How many of the next steps (at most `limit`) are plain: no arrival, admission, completion or preemption.
+
+        In such steps every running request writes one token and takes a block when it crosses into a new one,
+        so they can be taken together (skip) with exactly the outcome of stepping one at a time. Also returns,
+        for paged memory, each running request's room: the steps before it next needs a block.
+        """
+        if self.waiting and not self.running:
+            return 0, None                                # the head fits an empty memory: it is admitted next step
+        k = limit
+        if self.pending:
+            k = min(k, self.pending[0].arrival - self.now - 1)
+        if self.running:
+            k = min(k, min(r.output - self.generated[r.id] for r in self.running) - 1)
+        elif not self.pending:
+            return 0, None
+        if k <= 1:
+            return 0, None
+        if self.waiting:                                # it stays out: memory only fills during plain steps
+            head = self.waiting[0]
+            if self.alloc.fits(head, head.prompt + self.generated[head.id], len(self.running)) is not None:
+                return 0, None
+        if not isinstance(self.alloc, PagedAllocator) or not self.running:
+            return k, None
+        # A request next writes past its last block `room` steps from now (0 <= room < block_size), then every
+        # block_size steps: each cycle of block_size steps takes one block per request. The stretch ends before
+        # the step that would find the free list empty.
+        bs, tables, n = self.alloc.bs, self.alloc.tables, len(self.running)
+        rooms = [len(tables[r.id]) * bs - self.written[r.id] for r in self.running]
+        counts = [0] * bs
+        for room in rooms:
+            counts[room] += 1
+        before = list(itertools.accumulate(counts, initial=0))     # blocks taken in a cycle's first m steps
+        cycles, left = divmod(self.alloc.nfree, n)
+        return min(k, cycles * bs + bisect.bisect_right(before, left, 0, bs) - 1), rooms
+
+    def skip(self, k: int, rooms: list[int] | None) -> None:
+        """Take k plain steps at once (see plain_steps), the blocks in the order stepping would take them:
+        step by step, and within a step in running order."""
+        grown = None
+        if rooms is not None:
+            bs, n = self.alloc.bs, len(self.running)
+            counts = [0] * bs
+            for room in rooms:
+                counts[room] += 1
+            order = sorted(range(n), key=rooms.__getitem__)          # one cycle's takers, in the order they take
+            cycles, rest = divmod(k, bs)
+            blocks = self.alloc.take(cycles * n + sum(counts[:rest]))
+            for q, pos in enumerate(order):
+                self.alloc.tables[self.running[pos].id].extend(blocks[q::n])
+            self.alloc.used += len(blocks) * bs
+            grown = list(itertools.islice(itertools.cycle(counts), k))
+        for r in self.running:
+            self.written[r.id] += k
+            self.generated[r.id] += k
+        self.stored_total += len(self.running) * k
+        self.now += k
+        self.short = bool(self.waiting)
+        if self.cols is not None:
+            self._record(k, grown)
+
+    def run_to(self, step: int, fast: bool = True) -> None:
+        """Advance until `step` has run or every request is done; fast takes plain steps together."""
+        while self.now < step and not self.finished:
+            k, rooms = self.plain_steps(step - self.now) if fast else (0, None)
+            if k > 1:
+                self.skip(k, rooms)
+            else:
+                self.step()
 
     def summary(self) -> dict:
-        stored = sum(self.stored(r) for r in self.running)
-        return {"stored": stored, "running": len(self.running), "waiting": len(self.waiting),
-                "done": len(self.done), "preemptions": self.preemptions, "recomputed": self.recomputed,
-                "swapped": self.swapped, "in_use": self.alloc.reserved(),
-                "waste_per_request": (self.alloc.reserved() - stored) / len(self.running) if self.running else 0.0}
+        return {"stored": self.stored_total, "running": len(self.running), "waiting": len(self.waiting),
+                "done": self.done, "preemptions": self.preemptions, "recomputed": self.recomputed,
+                "refound": self.refound, "swapped": self.swapped, "in_use": self.alloc.used,
+                "waste_per_request": ((self.alloc.used - self.stored_total) / len(self.running)
+                                      if self.running else 0.0)}
 
     def layout(self) -> list[tuple]:
         """(request, first slot, slots, tokens stored) for every piece of memory in use."""
         out = []
         if self.kind == "reserve":
             for rid, (start, size) in self.alloc.chunks.items():
-                out.append((rid, start, size, self.stored(self.reqs[rid])))
+                out.append((rid, start, size, self.written[rid]))
             return out
         for rid, table in self.alloc.tables.items():
-            left = self.stored(self.reqs[rid])
+            left = self.written[rid]
             for block in table:
                 n = min(left, self.p.block_size)
                 out.append((rid, block * self.p.block_size, self.p.block_size, n))
@@ -246,68 +483,91 @@ class Simulation:
         return out
 
 
-MAX_STEPS = 50_000
+# ---- runs, cached per allocator ---------------------------------------------------------------------------
+KINDS = ("reserve", "paged")
 
 
-@functools.lru_cache(maxsize=8)
-def history(p: PagingParams) -> dict[str, list[dict]]:
-    """Each allocator's summary after every step, until every request has finished."""
-    out = {}
-    for kind in ("reserve", "paged"):
-        sim, rows = Simulation(p, kind), []
-        while not sim.finished and sim.now < MAX_STEPS:
-            sim.step()
-            rows.append(sim.summary())
-        out[kind] = rows
-        _keep_live(p, kind, sim)                    # the last frame is then free to draw
-    return out
+def allocator_key(p: PagingParams, kind: str) -> tuple:
+    """The parameters one allocator's run depends on: changing `inspect`, or the other allocator's setting,
+    reuses it."""
+    stream = (p.requests, p.prompt_mean, p.output_mean, p.max_len, p.memory_slots, p.arrival_gap, p.seed)
+    return (kind, *stream, *((p.reserve,) if kind == "reserve" else (p.block_size, p.on_full)))
 
 
-_live: dict[tuple, Simulation] = {}
+_runs: collections.OrderedDict[tuple, dict] = collections.OrderedDict()    # allocator key -> the run's columns
+_live: collections.OrderedDict[tuple, Simulation] = collections.OrderedDict()   # allocator key -> a simulation
+CACHED_RUNS = 16
 
 
-def _keep_live(p: PagingParams, kind: str, sim: Simulation) -> None:
-    if len(_live) > 16:
-        _live.clear()
-    _live[(p, kind)] = sim
+def _remember(cache: collections.OrderedDict, key: tuple, value) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > CACHED_RUNS:
+        cache.popitem(last=False)
+
+
+def clear_caches() -> None:
+    _runs.clear()
+    _live.clear()
+
+
+def run(p: PagingParams, kind: str) -> dict[str, list]:
+    """One allocator's row per step (Simulation.cols) until every request has finished or MAX_STEPS."""
+    key = allocator_key(p, kind)
+    cols = _runs.get(key)
+    if cols is None:
+        sim = Simulation(p, kind, record=True)
+        sim.run_to(MAX_STEPS - 1)
+        cols = sim.cols
+        _remember(_runs, key, cols)
+        _remember(_live, key, sim)                  # the last frame is then free to draw
+    else:
+        _runs.move_to_end(key)
+    return cols
+
+
+def history(p: PagingParams) -> dict[str, dict[str, list]]:
+    return {kind: run(p, kind) for kind in KINDS}
 
 
 def state_at(p: PagingParams, kind: str, k: int) -> Simulation:
     """The simulation after step k. Playing forward reuses the last one, so each frame costs one step."""
-    sim = _live.get((p, kind))
+    key = allocator_key(p, kind)
+    sim = _live.get(key)
     if sim is None or sim.now > k:
         sim = Simulation(p, kind)
-        _keep_live(p, kind, sim)
-    while sim.now < k and not sim.finished:
-        sim.step()
+    sim.run_to(k)
+    _remember(_live, key, sim)
     return sim
 
 
-def busy_average(rows: list[dict], p: PagingParams) -> float:
-    """Share of memory holding token states, averaged over the steps when requests were waiting.
-
-    That is when memory is the limit, and the quantity the PagedAttention paper's Fig. 2 reports.
-    """
-    busy = [r["stored"] / p.memory_slots for r in rows if r["waiting"]]
-    return sum(busy) / len(busy) if busy else None
+def summarize(cols: dict[str, list], p: PagingParams) -> dict:
+    steps, stored, running = len(cols["stored"]), cols["stored"], cols["running"]
+    busy = [s for s, short in zip(stored, cols["short"]) if short]
+    waste = [(u - s) / n for u, s, n in zip(cols["in_use"], stored, running) if n] or [0.0]
+    allocated = sum(cols["in_use"])
+    return {
+        "steps": steps,
+        "finished_requests": cols["done"][-1],
+        "stopped_early": cols["done"][-1] < p.requests,
+        "steps_memory_short": len(busy),
+        # None when memory never kept a request out or from growing: the share is then not about capacity.
+        "token_state_share_busy": sum(busy) / len(busy) / p.memory_slots if busy else None,
+        "token_state_share_mean": sum(stored) / steps / p.memory_slots,
+        "token_state_share_of_allocated": sum(stored) / allocated if allocated else 0.0,
+        "peak_running": max(running),
+        "mean_running": sum(running) / steps,
+        "preemptions": cols["preemptions"][-1],
+        "recomputed_tokens": cols["recomputed"][-1],
+        "refound_tokens": cols["refound"][-1],
+        "swapped_tokens": cols["swapped"][-1],
+        "mean_waste_per_request_slots": sum(waste) / len(waste),
+        "max_waste_per_request_slots": max(waste),
+    }
 
 
 def evaluate(p: PagingParams) -> dict:
-    out = {}
-    for kind, rows in history(p).items():
-        waste = [r["waste_per_request"] for r in rows if r["running"]] or [0.0]   # one-token outputs never wait
-        out[kind] = {
-            "steps": len(rows),
-            "token_state_share_busy": busy_average(rows, p),
-            "token_state_share_mean": sum(r["stored"] for r in rows) / len(rows) / p.memory_slots,
-            "peak_running": max(r["running"] for r in rows),
-            "mean_running": sum(r["running"] for r in rows) / len(rows),
-            "preemptions": rows[-1]["preemptions"],
-            "recomputed_tokens": rows[-1]["recomputed"],
-            "swapped_tokens": rows[-1]["swapped"],
-            "mean_waste_per_request_slots": sum(waste) / len(waste),
-            "max_waste_per_request_slots": max(waste),
-        }
+    out = {kind: summarize(cols, p) for kind, cols in history(p).items()}
     return {"reserve": out["reserve"], "paged": out["paged"],
             "reserve_token_state_share": out["reserve"]["token_state_share_busy"],
             "paged_token_state_share": out["paged"]["token_state_share_busy"]}
@@ -359,8 +619,8 @@ FRAMES = 300                  # a long run is shown, and animated, at most this 
 
 
 def frame_steps(p: PagingParams) -> list[int]:
-    """The decode step each animation frame shows: every step of a short run, evenly spaced for a long one."""
-    n = max(len(rows) for rows in history(p).values())
+    """The step each animation frame shows: every step of a short run, evenly spaced for a long one."""
+    n = max(len(cols["stored"]) for cols in history(p).values())
     stride = max(1, math.ceil(n / FRAMES))
     return list(range(0, n, stride)) + ([n - 1] if (n - 1) % stride else [])
 
@@ -370,7 +630,7 @@ def frame_data(p: PagingParams, frame: int) -> dict:
     steps = frame_steps(p)
     frame = max(0, min(len(steps) - 1, frame))
     k = steps[frame]
-    sims = {kind: state_at(p, kind, k) for kind in ("reserve", "paged")}
+    sims = {kind: state_at(p, kind, k) for kind in KINDS}
     return {
         "sources": {
             "reserve_map": memory_map(sims["reserve"].layout(), p, "reserve"),
@@ -384,21 +644,22 @@ def frame_data(p: PagingParams, frame: int) -> dict:
 
 def busiest_frame(p: PagingParams) -> int:
     """The frame to open on: when the most requests wait for memory (the maps are full), not the empty end."""
-    rows = history(p)["paged"]
+    cols = history(p)["paged"]
+    last = len(cols["running"]) - 1
     steps = frame_steps(p)
-    waiting = [rows[min(k, len(rows) - 1)]["waiting"] + rows[min(k, len(rows) - 1)]["running"] for k in steps]
-    return max(range(len(steps)), key=lambda i: (waiting[i], -i))
+    load = [cols["waiting"][min(k, last)] + cols["running"][min(k, last)] for k in steps]
+    return max(range(len(steps)), key=lambda i: (load[i], -i))
 
 
 def page_data(p: PagingParams, frame: int | None = None) -> dict:
     hist = history(p)
     steps = frame_steps(p)
     series = {"step": steps}
-    for kind, rows in hist.items():
-        rows = [rows[min(i, len(rows) - 1)] for i in steps]
-        series[f"{kind}_share"] = [r["stored"] / p.memory_slots for r in rows]
-        series[f"{kind}_running"] = [r["running"] for r in rows]
-        series[f"{kind}_preemptions"] = [r["preemptions"] for r in rows]
+    for kind, cols in hist.items():
+        at = [min(i, len(cols["stored"]) - 1) for i in steps]
+        series[f"{kind}_share"] = [cols["stored"][i] / p.memory_slots for i in at]
+        series[f"{kind}_running"] = [cols["running"][i] for i in at]
+        series[f"{kind}_preemptions"] = [cols["preemptions"][i] for i in at]
     r = evaluate(p)
     at = frame_data(p, busiest_frame(p) if frame is None else frame)
     return {
@@ -407,18 +668,47 @@ def page_data(p: PagingParams, frame: int | None = None) -> dict:
         "ranges": {"map_rows": [math.ceil(p.memory_slots / ROW_SLOTS) - 0.5, -0.5]},
         "formula": formula(p, r),
         "readouts": readouts(p, r),
-        "notes": [] if r["reserve_token_state_share"] is not None else [
-            "Memory never ran out in this run, so no request waited for it: make memory smaller or requests "
-            "longer to see the allocators differ."],
+        "notes": notes(p, r),
     }
+
+
+def notes(p: PagingParams, r: dict) -> list[str]:
+    out = []
+    never = [kind for kind in KINDS if r[kind]["token_state_share_busy"] is None]
+    if len(never) == 2:
+        out.append("Memory never ran short in this run: every request was admitted when it arrived and could always "
+                   "grow, so the share of memory holding tokens says nothing about capacity. The shares shown are "
+                   "of the memory each allocator had allocated. Make memory smaller, requests longer or arrivals "
+                   "closer to see the allocators differ.")
+    elif never:
+        out.append(f"The {never[0]} allocator never ran short of memory in this run (every request was admitted "
+                   f"when it arrived), while the other did: its share shown is of the memory it had allocated.")
+    for kind in KINDS:
+        s = r[kind]
+        if s["stopped_early"]:
+            out.append(f"The {kind} run was stopped after {thousands(s['steps'])} steps with "
+                       f"{s['finished_requests']} of {p.requests} requests finished: its figures describe those "
+                       f"steps only.")
+    return out
+
+
+def _share(s: dict) -> float:
+    """Share of memory holding tokens while memory was short, or else of the memory allocated."""
+    busy = s["token_state_share_busy"]
+    return s["token_state_share_of_allocated"] if busy is None else busy
+
+
+def _share_text(s: dict, digits: int = 1) -> str:
+    if s["token_state_share_busy"] is None:
+        return f"never short ({_share(s):.{digits}%} of what it allocated)"
+    return f"{_share(s):.{digits}%}"
 
 
 def caption(sims: dict, p: PagingParams, k: int) -> str:
     parts = []
     for kind, sim in sims.items():
-        s = sim.summary()
-        parts.append(f"{kind}: {s['running']} running, {s['waiting']} waiting, {s['done']} done, "
-                     f"{s['stored'] / p.memory_slots:.0%} of memory holds tokens")
+        parts.append(f"{kind}: {len(sim.running)} running, {len(sim.waiting)} waiting, {sim.done} done, "
+                     f"{sim.stored_total / p.memory_slots:.0%} of memory holds tokens")
     return f"Step {k}. " + "; ".join(parts) + "."
 
 
@@ -426,12 +716,13 @@ def formula(p: PagingParams, r: dict) -> list[dict]:
     mean_total = p.prompt_mean + p.output_mean
     res = {"max": "max_len, whatever the request", "pow2": "next power of two ≥ prompt + output",
            "oracle": "prompt + output (known in advance)"}[p.reserve]
+    rs, ps = r["reserve"], r["paged"]
     return [
-        {"name": "Share holding token states", "formula": "Σ tokens stored ÷ memory slots, averaged over steps "
-                                                          "when requests wait",
-         "substituted": f"reserve ({p.reserve}): {r['reserve_token_state_share']:.1%}; paged: "
-                        f"{r['paged_token_state_share']:.1%}", "result": f"{r['reserve_token_state_share']:.1%} vs "
-                                                                        f"{r['paged_token_state_share']:.1%}"},
+        {"name": "Share holding token states", "formula": "Σ tokens stored ÷ memory slots, averaged over the steps "
+                                                          "when memory kept a request out or from growing",
+         "substituted": f"reserve ({p.reserve}): {_share_text(rs)} over {thousands(rs['steps_memory_short'])} "
+                        f"steps; paged: {_share_text(ps)} over {thousands(ps['steps_memory_short'])} steps",
+         "result": f"{_share(rs):.1%} vs {_share(ps):.1%}"},
         {"name": "Reserved per request", "formula": res,
          "substituted": f"mean request: {thousands(p.prompt_mean)} + {thousands(p.output_mean)} = "
                         f"{thousands(mean_total)} tokens" + (f" in {thousands(p.max_len)} reserved slots"
@@ -439,26 +730,34 @@ def formula(p: PagingParams, r: dict) -> list[dict]:
          "result": (f"even a finished request fills {mean_total / p.max_len:.0%} of its reservation on average"
                     if p.reserve == "max" else "the reservation shrinks as the length is better known")},
         {"name": "Paged waste per request", "formula": "slots in the last block not yet filled < block size",
-         "substituted": f"mean {r['paged']['mean_waste_per_request_slots']:.1f}, most "
-                        f"{r['paged']['max_waste_per_request_slots']:.1f} slots, block size {p.block_size}",
-         "result": f"{r['paged']['mean_waste_per_request_slots'] / p.block_size:.2f} blocks per request on average"},
+         "substituted": f"mean {ps['mean_waste_per_request_slots']:.1f}, most "
+                        f"{ps['max_waste_per_request_slots']:.1f} slots, block size {p.block_size}",
+         "result": f"{ps['mean_waste_per_request_slots'] / p.block_size:.2f} blocks per request on average"},
         {"name": "Concurrent requests", "formula": "requests running at once (mean over the run)",
-         "substituted": f"reserve {r['reserve']['mean_running']:.1f}, paged {r['paged']['mean_running']:.1f}",
-         "result": f"paged runs {r['paged']['mean_running'] / max(1e-9, r['reserve']['mean_running']):.1f}× as many"},
+         "substituted": f"reserve {rs['mean_running']:.1f}, paged {ps['mean_running']:.1f}",
+         "result": f"paged runs {ps['mean_running'] / max(1e-9, rs['mean_running']):.1f}× as many"},
     ]
 
 
 def readouts(p: PagingParams, r: dict) -> list[dict]:
+    rs, ps = r["reserve"], r["paged"]
+
+    def detail(s):
+        return ("of memory holds token states while memory is short" if s["token_state_share_busy"] is not None
+                else "of what it allocated held tokens: memory never ran short")
+    preempt = (f"{thousands(ps['recomputed_tokens'])} tokens recomputed, {thousands(ps['refound_tokens'])} re-found "
+               f"in cached blocks" if p.on_full == "recompute" else
+               f"{thousands(ps['swapped_tokens'])} tokens swapped out and in" if p.on_full == "swap" else
+               "none: a request is admitted only when all can reach max_len")
     return [
-        {"label": f"Reserve ({p.reserve}): tokens", "value": f"{r['reserve_token_state_share']:.0%}",
-         "detail": "of memory holds token states while requests wait"},
-        {"label": "Paged: tokens", "value": f"{r['paged_token_state_share']:.0%}",
-         "detail": f"waste under {r['paged']['max_waste_per_request_slots'] / p.block_size:.2f} block per request"},
-        {"label": "Running at once", "value": f"{r['reserve']['mean_running']:.1f} vs {r['paged']['mean_running']:.1f}",
+        {"label": f"Reserve ({p.reserve}): tokens", "value": f"{_share(rs):.0%}", "detail": detail(rs)},
+        {"label": "Paged: tokens", "value": f"{_share(ps):.0%}",
+         "detail": detail(ps) + f"; waste under {ps['max_waste_per_request_slots'] / p.block_size:.2f} block "
+                                f"per request"},
+        {"label": "Running at once", "value": f"{rs['mean_running']:.1f} vs {ps['mean_running']:.1f}",
          "detail": "mean, reserve vs paged"},
-        {"label": "Finished in", "value": f"{r['reserve']['steps']} vs {r['paged']['steps']}",
-         "detail": "decode steps, reserve vs paged"},
-        {"label": "Preemptions (paged)", "value": thousands(r["paged"]["preemptions"]),
-         "detail": f"{thousands(r['paged']['recomputed_tokens'])} tokens recomputed, "
-                   f"{thousands(r['paged']['swapped_tokens'])} swapped"},
+        {"label": "Finished in", "value": f"{thousands(rs['steps'])} vs {thousands(ps['steps'])}",
+         "detail": "engine steps, reserve vs paged" + ("" if not (rs["stopped_early"] or ps["stopped_early"])
+                                                       else " (stopped early: see the note)")},
+        {"label": "Preemptions (paged)", "value": thousands(ps["preemptions"]), "detail": preempt},
     ]
