@@ -65,13 +65,13 @@ def _sentence(error: dict, model=None) -> tuple[str, str]:
     if kind == "literal_error":
         return field, f"{field} must be one of {error.get('ctx', {}).get('expected', '')}; got {short(got)}."
     lo, hi, whole = _bounds(model, field)
-    if lo is not None and hi is not None:
-        what = "a whole number" if whole else "a number"
-        return field, f"{field} must be {what} between {lo} and {hi}; got {short(got)}."
+    what = "a whole number" if whole else "a number"
+    within = f" between {lo} and {hi}" if lo is not None and hi is not None else ""
     annotation = getattr(getattr(model, "model_fields", {}).get(field), "annotation", None)
-    if annotation in (int, float):      # strict: "2" and true are not numbers
-        want = "a whole number" if annotation is int else "a number"
-        return field, f"{field} must be {want} (a JSON number, not a string or true/false); got {short(got)}."
+    if kind in ("int_type", "float_type") and annotation in (int, float):   # strict: "2" and true are not numbers
+        return field, f"{field} must be {what} (a JSON number, not a string or true/false){within}; got {short(got)}."
+    if within:
+        return field, f"{field} must be {what}{within}; got {short(got)}."
     return field, f"{field} must be a number or a name; got {short(got)}."
 
 

@@ -80,12 +80,18 @@ class BodyLimit:
       connection open.
     """
 
-    def __init__(self, app, max_bytes: int, body_timeout_s: float = 30.0):
+    def __init__(self, app, max_bytes: int, body_timeout_s: float = 30.0, max_header_bytes: int = 16 * 1024):
         self.app, self.max_bytes, self.body_timeout_s = app, max_bytes, body_timeout_s
+        self.max_header_bytes = max_header_bytes
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        size = len(scope.get("raw_path", b"")) + len(scope.get("query_string", b"")) + \
+            sum(len(k) + len(v) + 4 for k, v in scope["headers"])
+        if size > self.max_header_bytes:          # h11 checks only headers that arrive in pieces
+            return await _json(send, 431, f"The request line and headers may be at most {self.max_header_bytes} "
+                                          f"bytes together; got {size}.")
         headers = dict(scope["headers"])
         length = headers.get(b"content-length")
         if length is not None and b"transfer-encoding" in headers:

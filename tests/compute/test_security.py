@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import ast
 import base64
+import contextlib
 import hashlib
 import json
 import socket
+import threading
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
 
 from kvx.compute import kernel_specs
 from kvx.compute.app import create_app
 from kvx.compute.security import SCRIPT_CSP, csp_for_html, headers_file, inline_script_hashes
+from kvx.compute.serving import server_config
 from kvx.compute.settings import Settings
 
 ROOT = Path(__file__).parents[2]
@@ -326,3 +331,167 @@ def test_headers_file_for_static_hosts_gives_each_path_one_policy(layout):
     assert rules["/index.html"] == rules["/"] == [f"Content-Security-Policy: {csp_for_html(PAGE.encode())}"]
     assert rules["/static/*"] == [f"Content-Security-Policy: {SCRIPT_CSP}"]
     assert json.dumps(rules).count("Content-Security-Policy") == len(rules) - 1
+
+
+# ---- the HTTP layer: framing, smuggling, slow clients, the connection cap (kvx serve's own configuration) ----
+@contextlib.contextmanager
+def guarded(app, **config):
+    """The app as `kvx serve` runs it (serving.server_config: header deadline, connection cap, JSON 400s)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(server_config(app, **config))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def exchange(port: int, data: bytes, wait_s: float = 5.0) -> tuple[bytes, bool]:
+    """Send raw bytes; everything the server answers until it closes (or `wait_s`), and whether it closed."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait_s) as s:
+        s.sendall(data)
+        got = b""
+        try:
+            while chunk := s.recv(65536):
+                got += chunk
+        except socket.timeout:
+            return got, False
+        except ConnectionResetError:      # closed with our unread bytes still queued: a reset, not a FIN
+            return got, True
+        return got, True
+
+
+def answers(raw: bytes) -> list[tuple[int, dict, bytes]]:
+    out = []
+    while raw.startswith(b"HTTP/1.1"):
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = dict((k.lower(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:]))
+        n = int(headers.get("content-length", 0))
+        out.append((int(lines[0].split()[1]), headers, rest[:n]))
+        raw = rest[n:]
+    return out
+
+
+def test_content_length_with_transfer_encoding_is_refused_and_the_connection_closed(tmp_path):
+    """RFC 9112 section 6.3: both framings at once is how a request is smuggled past a proxy."""
+    app = create_app(Settings(site_dir=tmp_path, max_body_bytes=64 * 1024))
+    body = b'{"context": 4000' + b" " * (2 * 2 ** 20) + b"}"              # 2 MB, framed by its chunks
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 60000]), body[i:i + 60000])
+                       for i in range(0, len(body), 60000)) + b"0\r\n\r\n"
+    smuggled = b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
+    with guarded(app) as port:
+        raw, closed = exchange(port, b"POST /api/v1/explainers/cache-renting HTTP/1.1\r\nHost: x\r\n"
+                                     b"Content-Type: application/json\r\nContent-Length: 20\r\n"
+                                     b"Transfer-Encoding: chunked\r\n\r\n" + chunked + smuggled)
+        (status, headers, detail), = answers(raw)                      # one answer: the smuggled GET is not
+        assert status == 400 and closed and headers["connection"] == "close"
+        assert "Content-Length and Transfer-Encoding" in json.loads(detail)["detail"]
+        assert headers["content-type"] == "application/json" and headers["x-content-type-options"] == "nosniff"
+        # the same 2 MB chunked body without a Content-Length: counted as it arrives, refused at the limit
+        raw, closed = exchange(port, b"POST /api/v1/explainers/cache-renting HTTP/1.1\r\nHost: x\r\n"
+                                     b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked)
+        (status, headers, detail), = answers(raw)
+        assert status == 413 and closed and "at most 65536 bytes" in json.loads(detail)["detail"]
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"POST /api/v1/explainers/cache-renting HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n",
+    b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+])
+def test_the_http_layers_own_400s_are_json_with_nosniff(tmp_path, request_bytes):
+    with guarded(create_app(Settings(site_dir=tmp_path))) as port:
+        raw, closed = exchange(port, request_bytes)
+    (status, headers, detail), = answers(raw)
+    assert status == 400 and closed and headers["content-type"] == "application/json"
+    assert headers["x-content-type-options"] == "nosniff" and "not valid HTTP/1.1" in json.loads(detail)["detail"]
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GET /api/v1/health?" + b"q" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
+    b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n" + b"X-Many: b\r\n" * 2000 + b"\r\n",
+])
+def test_a_huge_query_or_header_is_a_json_431(tmp_path, request_bytes):
+    """h11 refuses headers over 16 KiB only while they arrive in pieces; whole ones are checked here."""
+    with guarded(create_app(Settings(site_dir=tmp_path))) as port:
+        raw, closed = exchange(port, request_bytes)
+    (status, headers, detail), = answers(raw)
+    assert status == 431 and closed and headers["content-type"] == "application/json"
+    assert headers["x-content-type-options"] == "nosniff" and "at most 16384 bytes" in json.loads(detail)["detail"]
+
+
+def test_a_client_that_trickles_its_headers_is_closed_at_the_deadline(tmp_path):
+    with guarded(create_app(Settings(site_dir=tmp_path)), header_timeout_s=0.5) as port:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            t0 = time.monotonic()
+            closed_after = None
+            for _ in range(30):                  # a byte every 0.1 s: uvicorn's keep-alive timer never fires
+                try:
+                    s.sendall(b"G")
+                    if s.recv(1, socket.MSG_DONTWAIT) == b"":
+                        closed_after = time.monotonic() - t0
+                        break
+                except BlockingIOError:
+                    pass
+                except (BrokenPipeError, ConnectionResetError):
+                    closed_after = time.monotonic() - t0
+                    break
+                time.sleep(0.1)
+        assert closed_after is not None and 0.4 < closed_after < 1.5, closed_after
+        raw, _ = exchange(port, b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert answers(raw)[0][0] == 200
+
+
+def test_at_the_connection_cap_slow_connections_make_room_for_new_ones(tmp_path):
+    with guarded(create_app(Settings(site_dir=tmp_path)), max_connections=8, header_timeout_s=30) as port:
+        slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]   # open, never a request
+        for s in slow:
+            s.sendall(b"GET /api/v1/hea")
+        try:
+            for _ in range(5):                   # each newcomer evicts the longest-waiting slow connection
+                raw, _ = exchange(port, b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                assert answers(raw)[0][0] == 200
+        finally:
+            for s in slow:
+                s.close()
+
+
+def test_head_carries_the_same_headers_as_get(layout):
+    client = TestClient(create_app(Settings(site_dir=layout / "site")))
+    for path in ("/", "/index.html", "/static/kvx-worker.mjs"):
+        get, head = client.get(path), client.head(path)
+        assert head.status_code == get.status_code == 200 and head.content == b""
+        for name in ("content-security-policy", "content-type", "content-length", "x-content-type-options"):
+            assert head.headers[name] == get.headers[name], (path, name)
+    assert "'sha256-" in client.head("/").headers["content-security-policy"]
+
+
+@pytest.mark.parametrize("body,field", [({"context": "2"}, "context"), ({"context": True}, "context"),
+                                        ({"batch": "1"}, "batch"), ({"repeats": False}, "repeats")])
+def test_kernel_fields_are_strict_numbers(tmp_path, body, field):
+    r = TestClient(create_app(Settings(site_dir=tmp_path))).post("/api/v1/kernels/paged", json=body)
+    assert r.status_code == 422
+    (detail,) = r.json()["detail"]
+    assert detail["loc"] == ["body", field] and "must be a whole number (a JSON number" in detail["msg"]
+
+
+def test_errors_quote_a_short_prefix_of_a_bad_value_and_a_few_of_many_problems(tmp_path):
+    client = TestClient(create_app(Settings(site_dir=tmp_path)))
+    r = client.post("/api/v1/kernels/eviction", json={"model": "x" * 60_000})
+    assert r.status_code == 422 and len(r.content) < 1000 and "xxxx… (60002 characters)" in r.text
+    r = client.post("/api/v1/explainers/cache-renting", json={"context": "y" * 60_000})
+    assert r.status_code == 422 and len(r.content) < 1500
+    many = {f"unknown_{i}": 1 for i in range(6000)}                        # about 100 KB: under the limit below
+    r = TestClient(create_app(Settings(site_dir=tmp_path, max_body_bytes=200_000))).post(
+        "/api/v1/explainers/cache-renting", json=many)
+    detail = r.json()["detail"]
+    assert r.status_code == 422 and len(detail) == 11 and len(r.content) < 3000
+    assert detail[-1]["msg"] == "And 5990 more problems with the body, not listed."
