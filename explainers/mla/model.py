@@ -15,6 +15,7 @@ import math
 
 from ..core.dtypes import DTYPE_BITS, dtype_bytes
 from ..core.gpus import GPUS
+from ..core.limits import gpus_needed
 from ..core.models import MODELS, ModelPreset
 from ..core.params import Params, choice, integer, number
 from ..core.timing import decode_step, roofline_seconds
@@ -715,6 +716,16 @@ def notes(p: MLAParams, r: dict) -> list[str]:
         d_c, d_r = r["mla_dims"]
         out.append(f"{m.title} uses {m.attention}; its MLA bar sizes a latent as DeepSeek-V2 does from the head "
                    f"dimension (d_c = {d_c}, d_h^R = {d_r}). The step-through and the decode plot show DeepSeek-V2.")
+    if p.context > m.max_context:
+        out.append(f"{m.title} was released for at most {tokens(m.max_context)} tokens; {tokens(p.context)} is past "
+                   f"that, so its bars count a cache it never holds.")
+    # The decode step is priced on one GPU's bandwidth; say so when its weights and cache do not fit one.
+    d, gpu = MODELS[r["diagram_model"]], GPUS[p.gpu]
+    held = d.params * 2 + p.context * d.kv_bytes_per_token(dtype_bytes(p.kv_dtype))
+    if held > gpu.memory_bytes:
+        out.append(f"{d.title}'s weights (bf16) and this cache, {bytes_si(held)}, do not fit one {gpu.title} "
+                   f"({gpu.memory_gb:g} GB) but need at least {gpus_needed(held, gpu):,}; the decode step shown is "
+                   f"priced at one GPU's bandwidth as if they did.")
     if p.context > KERNEL_MAX_CONTEXT:
         out.append(f"The server's kernel takes at most {tokens(KERNEL_MAX_CONTEXT)} cached tokens, so "
                    f"\"Run it here\" measures {tokens(KERNEL_MAX_CONTEXT)}.")

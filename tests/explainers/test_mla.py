@@ -254,3 +254,12 @@ def test_decode_time_goes_through_the_shared_model():
     assert st["seconds"] == pytest.approx((21e9 * 2 + 4_096 * 69_120) / 3.35e12)      # memory-bound, by hand
     row = page_data(P(mfu=0.5))["formula"][-1]
     assert "× 0.5))" in row["substituted"] and "0.7% of the bytes" in row["result"]
+
+
+def test_a_cache_or_weights_that_do_not_fit_are_said_not_to():
+    # DeepSeek-V2: 236e9 x 2 B of weights + 4,096 tokens x 69,120 B (60 layers x (512 + 64) x 2 B) = 472.3 GB > 80 GB.
+    notes = page_data(P())["notes"]
+    assert any("this cache, 472.3 GB, do not fit one NVIDIA H100 SXM" in n for n in notes)
+    assert any("need at least 6" in n for n in notes)                # 472.3 GB / 80 GB
+    assert any("released for at most 4,096 tokens" in n for n in page_data(P(model="deepseek-67b", context=8_192))["notes"])
+    assert not any("released" in n for n in page_data(P(model="deepseek-67b", context=4_096))["notes"])
