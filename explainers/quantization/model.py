@@ -11,6 +11,7 @@ import dataclasses
 
 from ..core.dtypes import DTYPE_BITS, dtype_bytes
 from ..core.gpus import GPUS
+from ..core.limits import gpus_needed
 from ..core.models import MODELS
 from ..core.params import Params, choice, integer, number
 from ..core.timing import decode_step, decode_weights_formula, weight_params_read
@@ -208,8 +209,13 @@ def notes(p: QuantizationParams, r: dict) -> list[str]:
     m, gpu = MODELS[p.model], GPUS[p.gpu]
     out = []
     if not r["fits_one_gpu"]:
-        out.append(f"This needs {bytes_si(r['memory_needed_bytes'])} of memory, more than one {gpu.title} has "
-                   f"({gpu.memory_gb:g} GB): the timing is per GPU's worth of bytes, as if spread over several.")
+        out.append(f"This does not fit one {gpu.title}: the weights and the batch's cache need "
+                   f"{bytes_si(r['memory_needed_bytes'])}, at least {gpus_needed(r['memory_needed_bytes'], gpu):,} "
+                   f"GPUs of {gpu.memory_gb:g} GB, and the step time here reads its bytes at one GPU's bandwidth as "
+                   f"if one held them all.")
+    if p.context > m.max_context:
+        out.append(f"{m.title} was released for at most {tokens(m.max_context)} tokens; {tokens(p.context)} is past "
+                   f"that, and the arithmetic does not know it.")
     if m.is_moe:
         out.append(f"{m.title} is a mixture of experts: a step reads only its {m.active_params / 1e9:g}B active "
                    f"parameters at batch 1, but a batch of {thousands(p.batch)} touches "

@@ -124,3 +124,11 @@ def test_a_wider_dtype_is_not_called_faster():
     r = page_data(P(weight_dtype="fp32", kv_dtype="fp32"))["readouts"]
     assert r[0]["value"] == "0.50×" and r[0]["detail"].startswith("the speed of")
     assert page_data(P())["readouts"][0]["detail"].startswith("faster than")
+
+
+def test_what_does_not_fit_one_gpu_is_said_not_to():
+    # Llama 3.1 405B at int4: 202.9 GB of weights + 2,000 tokens x 129,024 B of int4 cache = 203.2 GB: 3 H100s at least.
+    notes = page_data(P(model="llama-3-405b"))["notes"]
+    assert any(n.startswith("This does not fit one NVIDIA H100 SXM") and "203.2 GB, at least 3 GPUs" in n for n in notes)
+    assert not any("does not fit" in n for n in page_data(P())["notes"])
+    assert any("released for at most 4,096 tokens" in n for n in page_data(P(model="llama-2-7b", context=8_000))["notes"])
