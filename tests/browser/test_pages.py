@@ -163,7 +163,8 @@ def test_embed_mode_shows_the_explainer_alone(offline_page, site_url, screenshot
 
 
 # One change of a typed control per explainer: the generic check every page must pass.
-CHANGES = {"cache-renting": {"context": "64000"}, "quantization": {"batch": "16", "context": "128000"},
+CHANGES = {"cache-renting": {"context": "64000"},
+           "quantization": {"batch": "16", "context": "128000", "bandwidth_efficiency": "0.8"},
            "paging": {"block_size": "64"}, "prefix-reuse": {"capacity": "5000"},
            "prompt-caching": {"rate_per_min": "0.05"}, "agent-sessions": {"sessions": "4"},
            "load-balancer": {"load_weight": "0"},
@@ -171,7 +172,7 @@ CHANGES = {"cache-renting": {"context": "64000"}, "quantization": {"batch": "16"
            "cross-model": {"context": "2000"},
            "cross-layer": {"share": "4"},
            "eviction": {"budget": "50"},
-           "mla": {"context": "16384"}}
+           "mla": {"context": "16384", "mfu": "0.5"}}
 
 
 def test_every_explainer_has_a_browser_change():
