@@ -6,10 +6,12 @@ number next to the formula that predicts it.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
 import math
+import os
 import random
 from typing import Callable, Literal
 
@@ -17,7 +19,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kvx.compute.kernels import crosslayer, crossmodel, eviction, mla, paged, quant
-from kvx.compute.kernels.timing import copy_bandwidth, device, median_seconds
+from kvx.compute.kernels.timing import clock_name, copy_bandwidth, device, median_seconds
 from kvx.compute.lm import data
 from kvx.compute.lm.model import TinyLM, next_token_loss
 from kvx.compute.lm.train import CHECKPOINTS, SEQ_LEN, load
@@ -27,7 +29,7 @@ MAX_WORK = 2e11          # FLOP-equivalents one request may cost (Settings.kerne
 
 
 class Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)     # strict: "2" and true are not numbers
 
 
 @functools.cache
@@ -105,6 +107,7 @@ class PagedRequest(Request):
     heads: int = Field(8, ge=1, le=64)
     kv_heads: int = Field(2, ge=1, le=64, validate_default=True)   # checked against heads even when left out
     head_dim: int = Field(64, ge=8, le=256)
+    dtype: Literal["float32", "bfloat16"] = "float32"
     repeats: int = Field(7, ge=1, le=25)
 
     @field_validator("kv_heads")
@@ -121,26 +124,30 @@ def paged_cost(r: PagedRequest) -> float:
 
 
 def paged_run(r: PagedRequest, progress) -> dict:
-    dev, g = device(), torch.Generator().manual_seed(0)
-    lens = torch.tensor([max(1, r.context - 7 * i) for i in range(r.batch)])
-    k = torch.randn(r.batch, r.context, r.kv_heads, r.head_dim, generator=g)
-    v = torch.randn(r.batch, r.context, r.kv_heads, r.head_dim, generator=g)
-    q = torch.randn(r.batch, r.heads, r.head_dim, generator=g).to(dev)
-    blocks = int(sum(math.ceil(int(n) / r.block_size) for n in lens)) + 1
+    dev, dt, g = device(), _dtype(r.dtype), torch.Generator().manual_seed(0)
+    lens = [max(1, r.context - 7 * i) for i in range(r.batch)]          # host ints: no device sync while timing
+    # Drawn on the CPU (the same numbers on every device), then moved.
+    k = torch.randn(r.batch, r.context, r.kv_heads, r.head_dim, generator=g).to(dev, dt)
+    v = torch.randn(r.batch, r.context, r.kv_heads, r.head_dim, generator=g).to(dev, dt)
+    q = torch.randn(r.batch, r.heads, r.head_dim, generator=g).to(dev, dt)
+    blocks = sum(math.ceil(n / r.block_size) for n in lens) + 1
     k_pool, table = paged.scatter_to_blocks(k, lens, r.block_size, blocks, torch.Generator().manual_seed(1))
     v_pool, _ = paged.scatter_to_blocks(v, lens, r.block_size, blocks, torch.Generator().manual_seed(1))
-    k_pool, v_pool, table, lens_d, k, v = (t.to(dev) for t in (k_pool, v_pool, table, lens, k, v))
-    progress(0.3, "contiguous reference")
-    reference = paged.contiguous_decode(q, k, v, lens_d)
+    lens_d = torch.tensor(lens, device=dev)
+    progress(0.2, "float64 reference")
+    reference = paged.loop_decode(q, k, v, lens, dtype=torch.float64)
+    progress(0.4, "contiguous (batched SDPA)")
     t_ref = median_seconds(lambda: paged.contiguous_decode(q, k, v, lens_d), dev, r.repeats)
-    progress(0.6, "paged")
-    out = paged.paged_decode(q, k_pool, v_pool, table, lens_d)
-    t_paged = median_seconds(lambda: paged.paged_decode(q, k_pool, v_pool, table, lens_d), dev, r.repeats)
-    stored = int(lens.sum()) * r.kv_heads * r.head_dim * 2 * 4
+    contiguous_error = _max_error(paged.contiguous_decode(q, k, v, lens_d), reference)
+    progress(0.7, "paged")
+    out = paged.paged_decode(q, k_pool, v_pool, table, lens)
+    t_paged = median_seconds(lambda: paged.paged_decode(q, k_pool, v_pool, table, lens), dev, r.repeats)
+    stored = sum(lens) * r.kv_heads * r.head_dim * 2 * k.element_size()
     return {"paged_seconds": t_paged, "contiguous_seconds": t_ref, "max_error": _max_error(out, reference),
-            "blocks_used": blocks - 1, "model_bytes": stored,
-            "wasted_slots": int((blocks - 1) * r.block_size - lens.sum()),
-            "reference": "contiguous attention, one sequence at a time; unused block slots hold NaN"}
+            "contiguous_max_error": contiguous_error, "blocks_used": blocks - 1, "model_bytes": stored,
+            "wasted_slots": int((blocks - 1) * r.block_size - sum(lens)),
+            "reference": "float64 attention, one sequence at a time; unused block slots hold NaN; the contiguous "
+                         "time is one batched SDPA call over a plain cache"}
 
 
 # ---- eviction ---------------------------------------------------------------------------------------
@@ -308,6 +315,165 @@ def _copy_bandwidth(dev) -> float:
     return copy_bandwidth(dev)
 
 
+# ---- peak memory of each request, from its parameters ------------------------------------------------
+# Each estimate adds the tensors that are alive together at the request's peak (inputs, caches, the
+# reference's and the kernel's temporaries), in bytes, and says which are on the host (CPU) and which on
+# the device; on a CPU-only server both are host memory. tests/compute/test_kernel_api.py checks each
+# against the peak resident memory measured on the CPU for a few sizes.
+F32 = 4
+SLACK = 1.25                         # the allocator's rounding and fragmentation, measured at most ~20% here
+MODEL_OVERHEAD = 16 * 2 ** 20        # a trained checkpoint (1-3 MB) and PyTorch's workspaces for its forward
+
+
+def _peak(host: float, device_bytes: float) -> dict:
+    return {"host": int(SLACK * host), "device": int(SLACK * device_bytes)}
+
+
+def _moved(nbytes: float, same_dtype: bool) -> float:
+    """Bytes a tensor drawn on the CPU in float32 adds when moved to the device: none if it stays put."""
+    return 0 if device().type == "cpu" and same_dtype else nbytes
+
+
+def mla_memory(r: MLARequest) -> dict:
+    c = _mla_layer().c
+    elt = torch.finfo(_dtype(r.dtype)).bits // 8
+    b, s, h = r.batch, r.context, c.n_heads
+    x_ctx = b * s * c.d_model * F32                                   # drawn on the CPU, then moved
+    # building the cache: x on the device, its two token-shifted copies, the latent and RoPE key
+    inputs = _moved(x_ctx, elt == F32) + b * s * (2 * c.d_model + 2 * (c.kv_latent + c.rope_dim)) * max(elt, F32)
+    cache = b * s * (c.kv_latent + c.rope_dim) * elt
+    mha = 2 * b * h * s * c.head_dim * elt                            # the materialized per-head K and V
+    naive = 2 * b * h * s * c.head_dim * elt + 3 * b * h * s * elt    # naive rebuilds K and V, then scores
+    return _peak(x_ctx, max(inputs, cache + mha + naive))
+
+
+def paged_memory(r: PagedRequest) -> dict:
+    elt = torch.finfo(_dtype(r.dtype)).bits // 8
+    tokens = r.batch * r.context
+    kv = 2 * tokens * r.kv_heads * r.head_dim
+    drawn = kv * F32                                                  # k and v drawn on the CPU in float32
+    blocks = tokens + r.batch * r.block_size                          # the pool has at most a block more each
+    pools = 2 * blocks * r.kv_heads * r.head_dim * elt
+    # the float64 reference, one sequence at a time: K and V, and their copies repeated for each query group
+    reference = 2 * r.context * (r.kv_heads + r.heads) * r.head_dim * 8 + 2 * r.heads * r.context * 8
+    sdpa = r.batch * r.heads * r.context * 4 * F32                    # SDPA's mask and scores
+    return _peak(drawn, _moved(kv * elt, elt == F32) + pools + reference + sdpa)
+
+
+def _forward_bytes(name: str, sequences: int, weights: bool = True) -> float:
+    """A trained model's forward over `sequences` of SEQ_LEN tokens: one layer's activations and the logits
+    (layers run one after another without gradients) and, with need_weights, every layer's attention weights
+    [B, H, T, T] kept at once."""
+    from kvx.compute.lm.train import CONFIGS
+    c = CONFIGS[name]
+    t = SEQ_LEN
+    acts = sequences * t * (12 * c.d_model + 3 * c.vocab) * F32
+    return acts + (sequences * c.n_layers * c.n_heads * t * t * F32 if weights else 0)
+
+
+def eviction_memory(r: EvictionRequest) -> dict:
+    from kvx.compute.lm.train import CONFIGS
+    c = CONFIGS[r.model]
+    masks = r.sequences * c.n_layers * c.n_heads * SEQ_LEN ** 2            # one bool per weight
+    return _peak(0, _forward_bytes(r.model, r.sequences) + masks + _forward_bytes(r.model, r.sequences, False)
+                 + MODEL_OVERHEAD)
+
+
+def quant_memory(r: QuantRequest) -> dict:
+    return _peak(0, _forward_bytes(r.model, r.sequences, weights=False) + MODEL_OVERHEAD)
+
+
+def crosslayer_memory(r: CrossLayerRequest) -> dict:
+    return _peak(0, _forward_bytes(r.model, r.sequences) + _forward_bytes(r.model, r.sequences, False)
+                 + MODEL_OVERHEAD)
+
+
+def crossmodel_memory(r: CrossModelRequest) -> dict:
+    from kvx.compute.lm.train import CONFIGS
+    fin = CONFIGS["gqa-small"].cache_numbers_per_token() + 1
+    fout = CONFIGS["gqa-large"].cache_numbers_per_token()
+    features = r.fit_sequences * SEQ_LEN * (fin + fout) * 8 * 3       # float64 features, with the bias, and x.T
+    solve = 4 * fin * (fin + fout) * 8
+    return _peak(0, features + solve + _forward_bytes("gqa-large", max(r.fit_sequences, r.eval_sequences))
+                 + MODEL_OVERHEAD)
+
+
+def decode_memory(r: DecodeRequest) -> dict:
+    copy_test = 2 * 256 * 2 ** 20                                      # the copy-bandwidth measurement's buffers
+    return _peak(0, (r.weight_mb + max(r.kv_mb, 0.02)) * 1e6 + copy_test + MODEL_OVERHEAD)
+
+
+def memory_budget(device_type: str | None = None) -> dict:
+    """What one request may use when the settings leave it open: half the host's RAM, and on a GPU 80% of
+    its memory (the rest is for other requests' caches, PyTorch's allocator and the server itself)."""
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    budget = {"host": int(0.5 * host), "device": int(0.5 * host)}
+    if (device_type or device().type) == "cuda":
+        budget["device"] = int(0.8 * torch.cuda.get_device_properties(0).total_memory)
+    return budget
+
+
+def _size(nbytes: float) -> str:
+    """Bytes in decimal units (1 GB = 10^9 bytes), as the pages count them."""
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
+
+
+def memory_refusal(k: "Kernel", request: Request, max_bytes: float | None = None) -> str | None:
+    """A sentence refusing the request if its estimated peak memory is over the budget, else None.
+
+    max_bytes (Settings.kernel_max_bytes) caps host and device alike; None takes `memory_budget()`. On the
+    CPU the device is the host, so the two estimates are added and compared with the host budget.
+    """
+    need = k.memory(request)
+    budget = memory_budget()
+    if max_bytes is not None:
+        budget = {"host": int(max_bytes), "device": int(max_bytes)}
+    on_cpu = device().type != "cuda"
+    checks = [("host memory", need["host"] + (need["device"] if on_cpu else 0), budget["host"])]
+    if not on_cpu:
+        checks.append(("GPU memory", need["device"], budget["device"]))
+    for what, est, limit in checks:
+        if est > limit:
+            return (f"This request would need about {_size(est)} of {what} at its peak; the server's limit is "
+                    f"{_size(limit)} per request. Ask for less (a shorter context, a smaller batch, "
+                    f"fewer sequences).")
+    return None
+
+
+# ---- CPU threads ----------------------------------------------------------------------------------------
+def kernel_threads() -> int:
+    """CPU threads a kernel runs with: KVX_KERNEL_THREADS, else 1.
+
+    One, as the server's job processes run (kvx.compute.jobs), so the benchmark, a baked result and "run it
+    here" time the same thing. With one thread the CPU timer is the thread's own CPU time (timing.timer_for),
+    so a job at lower priority on a busy machine still reports the kernel's speed: served at nice +10 with a
+    two-thread OpenMP team on a loaded two-core machine, absorbed MLA decode at 8K read 2.8 ms against the
+    benchmark's 0.28 ms, because an OpenMP team whose thread is descheduled waits at every barrier.
+    """
+    env = os.environ.get("KVX_KERNEL_THREADS")
+    return max(1, int(env)) if env else 1
+
+
+@contextlib.contextmanager
+def threads(n: int | None = None):
+    """Run the block with `n` (default `kernel_threads()`) intra-op threads in this thread, then restore."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n or kernel_threads())
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _with_threads(run: Callable[[Request, Callable], dict]) -> Callable[[Request, Callable], dict]:
+    @functools.wraps(run)
+    def wrapped(request: Request, progress) -> dict:
+        n = kernel_threads()
+        with threads(n):
+            return {**run(request, progress), "threads": n, "timer": clock_name(device())}
+    return wrapped
+
+
 @dataclasses.dataclass(frozen=True)
 class Kernel:
     name: str
@@ -315,23 +481,27 @@ class Kernel:
     request: type[Request]
     cost: Callable[[Request], float]
     run: Callable[[Request, Callable], dict]
+    memory: Callable[[Request], dict] = lambda r: {"host": 0, "device": 0}
+
+    def __post_init__(self):
+        object.__setattr__(self, "run", _with_threads(self.run))
 
 
 KERNELS: dict[str, Kernel] = {k.name: k for k in [
     Kernel("mla", "MLA decode: naive, plain-MHA cache and absorbed, timed against context", MLARequest, mla_cost,
-           mla_run),
+           mla_run, mla_memory),
     Kernel("paged", "Paged attention through a block table against contiguous attention", PagedRequest, paged_cost,
-           paged_run),
+           paged_run, paged_memory),
     Kernel("eviction", "An eviction policy at a budget, on a trained model: loss, agreement, recall",
-           EvictionRequest, eviction_cost, eviction_run),
+           EvictionRequest, eviction_cost, eviction_run, eviction_memory),
     Kernel("quantization", "A KV quantization scheme on a trained model: error and loss", QuantRequest, quant_cost,
-           quant_run),
+           quant_run, quant_memory),
     Kernel("cross-layer", "Similarity of KV between layers (CKA) and the loss of sharing it", CrossLayerRequest,
-           crosslayer_cost, crosslayer_run),
+           crosslayer_cost, crosslayer_run, crosslayer_memory),
     Kernel("cross-model", "Map the small model's KV into the large one's: loss against re-prefill",
-           CrossModelRequest, crossmodel_cost, crossmodel_run),
+           CrossModelRequest, crossmodel_cost, crossmodel_run, crossmodel_memory),
     Kernel("decode", "A decode-shaped read: the weights once and the cache once, in their dtypes", DecodeRequest,
-           decode_cost, decode_run),
+           decode_cost, decode_run, decode_memory),
 ]}
 
 
@@ -354,5 +524,5 @@ def run_locally(kernel: str, body: dict) -> dict:
 def describe_device() -> dict:
     dev = device()
     return {"device": dev.type, "device_name": torch.cuda.get_device_name(0) if dev.type == "cuda" else "CPU",
-            "torch": torch.__version__, "threads": torch.get_num_threads()}
+            "torch": torch.__version__, "threads": kernel_threads()}
 

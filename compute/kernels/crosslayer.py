@@ -47,7 +47,9 @@ def similarity(model, ids: torch.Tensor, seed: int = 0) -> dict:
         out[part] = {
             "cka": [[linear_cka(xs[i], xs[j]) for j in range(n)] for i in range(n)],
             "cosine": [[mean_cosine(xs[i], xs[j]) for j in range(n)] for i in range(n)],
-            "random_cka": linear_cka(xs[0], torch.randn(xs[0].shape, generator=gen, dtype=torch.float64)),
+            # Drawn on the CPU (the same baseline on every device), then moved to the cache's device.
+            "random_cka": linear_cka(xs[0], torch.randn(xs[0].shape, generator=gen, dtype=torch.float64)
+                                     .to(xs[0].device)),
         }
     return out
 

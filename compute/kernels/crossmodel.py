@@ -27,15 +27,20 @@ def _features(model, ids) -> torch.Tensor:
     return torch.cat(parts, dim=-1).double()
 
 
+def _with_bias(x: torch.Tensor) -> torch.Tensor:
+    """x with a column of ones (the bias), on x's device."""
+    return torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)], dim=-1)
+
+
 def fit(small, large, ids: torch.Tensor, ridge: float = 1e-2) -> dict:
     """Fit the map on `ids`; returns weights [small features + 1, large features] and the layout."""
     if small.c.attention != "gqa" or large.c.attention != "gqa":
         raise ValueError("the cross-model map is defined for the GQA family")
     with torch.no_grad():
         x, y = _features(small, ids), _features(large, ids)
-    x = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype)], dim=-1)       # bias
+    x = _with_bias(x)
     gram = x.T @ x
-    penalty = ridge * gram.diagonal().mean() * torch.eye(gram.shape[0], dtype=x.dtype)
+    penalty = ridge * gram.diagonal().mean() * torch.eye(gram.shape[0], dtype=x.dtype, device=x.device)
     w = torch.linalg.solve(gram + penalty, x.T @ y)
     return {"w": w, "in_features": x.shape[1] - 1, "out_features": y.shape[1]}
 
@@ -44,7 +49,7 @@ def mapped_transform(small, large, fitted: dict, ids: torch.Tensor):
     """kv_transform for the large model: each layer's cache replaced by the mapped small cache."""
     with torch.no_grad():
         x = _features(small, ids)
-        y = (torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype)], dim=-1) @ fitted["w"]).float()
+        y = (_with_bias(x) @ fitted["w"]).float()
     b, t = ids.shape
     c = large.c
     per = c.n_kv_heads * c.head_dim

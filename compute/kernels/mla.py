@@ -67,15 +67,37 @@ def materialized(layer: MLAAttention, inp: dict, mha_cache: dict) -> torch.Tenso
 
 @torch.no_grad()
 def absorbed(layer: MLAAttention, inp: dict) -> torch.Tensor:
+    """The heads (times the new tokens) are the rows of one matmul over the latent, so each step reads the
+    latent once per pass, not once per head; W_uk and W_uv are applied as one bmm over the heads each."""
+    c = layer.c
+    latent, k_rope = inp["latent"], inp["k_rope"]                         # [B,S,C], [B,S,R]
+    b, h, t, d = inp["q_nope"].shape
+    w_uk = _heads(layer.w_uk.weight, h, d)                                 # [H,D,C]
+    w_uv = _heads(layer.w_uv.weight, h, d)
+    q_latent = torch.bmm(inp["q_nope"].permute(1, 0, 2, 3).reshape(h, b * t, d), w_uk)   # the query, in latent space
+    q_latent = q_latent.view(h, b, t, -1).transpose(0, 1).reshape(b, h * t, -1)         # [B, H*T, C]
+    scores = torch.baddbmm(torch.bmm(inp["q_rope"].reshape(b, h * t, -1), k_rope.transpose(1, 2)),
+                           q_latent, latent.transpose(1, 2))                            # [B, H*T, S]
+    weights = scores.mul_(1 / math.sqrt(c.head_dim + c.rope_dim)).softmax(-1)
+    out_latent = torch.bmm(weights, latent)                                # [B, H*T, C]: attend over the latent
+    out = torch.bmm(out_latent.view(b, h, t, -1).permute(1, 0, 2, 3).reshape(h, b * t, -1),
+                    w_uv.transpose(1, 2))                                  # W_uv applied once, after attention
+    return layer.wo(out.view(h, b, t, d).permute(1, 2, 0, 3).reshape(b, t, h * d))
+
+
+@torch.no_grad()
+def absorbed_broadcast(layer: MLAAttention, inp: dict) -> torch.Tensor:
+    """The previous absorbed kernel, kept for the benchmark: the latent broadcast over the heads makes one
+    matrix-vector product per head, so the latent is read once per head."""
     c = layer.c
     latent, k_rope = inp["latent"], inp["k_rope"]
     w_uk = _heads(layer.w_uk.weight, c.n_heads, c.head_dim)
     w_uv = _heads(layer.w_uv.weight, c.n_heads, c.head_dim)
-    q_latent = torch.einsum("bhtd,hdc->bhtc", inp["q_nope"], w_uk)         # the query, moved into latent space
+    q_latent = torch.einsum("bhtd,hdc->bhtc", inp["q_nope"], w_uk)
     scores = (q_latent @ latent.unsqueeze(1).transpose(-1, -2)
               + inp["q_rope"] @ k_rope.unsqueeze(1).transpose(-1, -2)) / math.sqrt(c.head_dim + c.rope_dim)
-    out_latent = scores.softmax(-1) @ latent.unsqueeze(1)                  # [B,H,1,C]: attend over the latent
-    out = torch.einsum("bhtc,hdc->bhtd", out_latent, w_uv)                 # W_uv applied once, after attention
+    out_latent = scores.softmax(-1) @ latent.unsqueeze(1)
+    out = torch.einsum("bhtc,hdc->bhtd", out_latent, w_uv)
     return layer.wo(out.transpose(1, 2).reshape(out.shape[0], 1, -1))
 
 

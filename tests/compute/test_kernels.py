@@ -1,6 +1,7 @@
 """Each kernel against its naive reference, at stated tolerances (float32 on the CPU)."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 
@@ -55,6 +56,15 @@ def test_mla_naive_decode_equals_the_models_own_attention(mla_model):
                                full[:, 49:], atol=ATOL, rtol=RTOL)
 
 
+@pytest.mark.parametrize("batch,context", [(1, 1), (2, 300)])
+def test_mla_absorbed_is_within_float32_of_a_float64_naive(mla_model, batch, context):
+    layer = mla_model.blocks[0].attn
+    inp = mla.decode_inputs(layer, batch, context, torch.Generator().manual_seed(context))
+    reference = mla.naive(copy.deepcopy(layer).double(), {k: v.double() for k, v in inp.items()})
+    assert (mla.absorbed(layer, inp).double() - reference).abs().max() <= 1e-5
+    torch.testing.assert_close(mla.absorbed_broadcast(layer, inp), mla.absorbed(layer, inp), atol=ATOL, rtol=RTOL)
+
+
 def test_mla_cache_bytes_match_the_explainer_formula(mla_model):
     c = mla_model.c
     preset = ModelPreset("t", "t", "MLA", c.n_layers, c.n_heads, c.n_heads, c.head_dim, 1, 1, "test",
@@ -79,21 +89,43 @@ def test_mla_absorbed_reads_fewer_bytes_than_mha_but_does_more_flops():
     assert c["naive_flops"] > c["absorbed_flops"] > c["materialized_flops"]
 
 
-@pytest.mark.parametrize("block_size,lens", [(16, [1, 16, 17, 100]), (4, [3, 8]), (32, [200])])
-def test_paged_decode_equals_contiguous_with_nan_in_unused_slots(block_size, lens):
+@pytest.mark.parametrize("block_size,lens", [(16, [1, 16, 17, 100]), (4, [3, 8]), (32, [200]), (16, [1000, 993, 7])])
+def test_paged_decode_equals_float64_reference_with_nan_in_unused_slots(block_size, lens):
     g = torch.Generator().manual_seed(block_size)
     b, s, hkv, d, h = len(lens), max(lens), 2, 16, 4
     k, v = torch.randn(b, s, hkv, d, generator=g), torch.randn(b, s, hkv, d, generator=g)
     q = torch.randn(b, h, d, generator=g)
-    seq_lens = torch.tensor(lens)
     need = sum(math.ceil(n / block_size) for n in lens)
-    k_pool, table = paged.scatter_to_blocks(k, seq_lens, block_size, need + 5, torch.Generator().manual_seed(1))
-    v_pool, table_v = paged.scatter_to_blocks(v, seq_lens, block_size, need + 5, torch.Generator().manual_seed(1))
+    k_pool, table = paged.scatter_to_blocks(k, lens, block_size, need + 5, torch.Generator().manual_seed(1))
+    v_pool, table_v = paged.scatter_to_blocks(v, lens, block_size, need + 5, torch.Generator().manual_seed(1))
     assert torch.equal(table, table_v)
     assert torch.isnan(k_pool).any()                      # unused slots really are NaN
-    out = paged.paged_decode(q, k_pool, v_pool, table, seq_lens)
+    reference = paged.loop_decode(q, k, v, lens, dtype=torch.float64)
+    out = paged.paged_decode(q, k_pool, v_pool, table, lens)
     assert not torch.isnan(out).any()
-    torch.testing.assert_close(out, paged.contiguous_decode(q, k, v, seq_lens), atol=ATOL, rtol=RTOL)
+    assert (out.double() - reference).abs().max() <= 1e-6     # float32 against float64
+    # The batched SDPA reference, the tensor form of the lengths and the previous kernel agree too.
+    seq_lens = torch.tensor(lens)
+    assert (paged.contiguous_decode(q, k, v, seq_lens).double() - reference).abs().max() <= 1e-6
+    assert (paged.paged_decode(q, k_pool, v_pool, table, seq_lens).double() - reference).abs().max() <= 1e-6
+    assert (paged.gather_repeat_decode(q, k_pool, v_pool, table, seq_lens).double() - reference).abs().max() <= 1e-6
+
+
+def test_contiguous_decode_ignores_what_lies_past_each_sequence():
+    g = torch.Generator().manual_seed(3)
+    k, v, q = torch.randn(2, 20, 1, 8, generator=g), torch.randn(2, 20, 1, 8, generator=g), torch.randn(2, 2, 8)
+    moved = k.clone()
+    moved[0, 5:] = 1e4                                        # past sequence 0's end (5 tokens)
+    torch.testing.assert_close(paged.contiguous_decode(q, moved, v, [5, 20]), paged.contiguous_decode(q, k, v, [5, 20]))
+
+
+def test_scatter_places_each_token_where_its_table_says():
+    k = torch.arange(2 * 10, dtype=torch.float32).view(2, 10, 1, 1)
+    pool, table = paged.scatter_to_blocks(k, [10, 3], 4, 6, torch.Generator().manual_seed(0))
+    for b, n in enumerate([10, 3]):
+        for t in range(n):
+            assert pool[table[b, t // 4], t % 4, 0, 0] == k[b, t, 0, 0]
+    assert torch.isnan(pool).sum() == 6 * 4 - 13                # every other slot is the fill
 
 
 def test_scatter_refuses_a_pool_that_is_too_small():
