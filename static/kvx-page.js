@@ -132,9 +132,22 @@ function onFrame(id, reply) {
   html.dataset.kvxFrameApplied = String(Number(html.dataset.kvxFrameApplied || 0) + 1);
 }
 
+// A long run (a big uploaded trace) says how far it is, with a bar, so a half-minute replay is never silent.
+function onProgress(msg) {
+  if (msg.id !== state.latest) return;
+  const el = document.getElementById("kvx-status");
+  setStatus(`Working: ${msg.text} (${Math.round(100 * msg.share)}%) `, "wait");
+  const bar = document.createElement("progress");
+  bar.max = 1;
+  bar.value = msg.share;
+  el.append(bar);
+  state.progressShown = true;
+}
+
 function onResult(id, reply) {
   if (typeof id === "string") return onFrame(id, reply);
   if (id !== state.latest) return;            // a newer request is on its way
+  if (state.progressShown) { state.progressShown = false; setStatus(state.readyText, "ready"); }
   if (!reply.ok) {
     if (reply.field in uploads) delete uploads[reply.field];   // a bad file is not kept: the next change uses the model's own data
     showErrors(reply.field, reply.message);
@@ -344,7 +357,8 @@ function startWorker() {
       state.ready = true;
       html.dataset.pyReadyMs = String(Math.round(performance.now()));   // since navigation start
       html.setAttribute("data-py-ready", "");
-      setStatus(`Python is ready (${((performance.now() - t0) / 1000).toFixed(1)} s): every control is live.`, "ready");
+      state.readyText = `Python is ready (${((performance.now() - t0) / 1000).toFixed(1)} s): every control is live.`;
+      setStatus(state.readyText, "ready");
       if (state.queued) { state.queued = false; request(); }
       if (state.queuedFrame !== null) { const k = state.queuedFrame; state.queuedFrame = null; requestFrame(k); }
     } else if (msg.type === "failed") {
@@ -352,6 +366,8 @@ function startWorker() {
     } else if (msg.type === "result") {
       state.pythonMs = msg.ms;
       onResult(msg.id, msg.reply);
+    } else if (msg.type === "progress") {
+      onProgress(msg);
     } else if (msg.type === "crashed") {
       workerDied(msg.message);
     }

@@ -24,15 +24,18 @@ import math
 import random
 import zlib
 
-from ..core import traces
-from ..core.params import ParamError, Params, integer, number
+from ..cache_renting.model import CacheRentingParams, evaluate as cache_renting
+from ..core import timing, traces
+from ..core.gpus import GPUS
+from ..core.models import MODELS
+from ..core.params import ParamError, Params, choice, integer, number
 from ..core.radix import RadixTree
 from ..core.traces import parse_trace, to_jsonl
-from ..core.units import thousands
+from ..core.units import GB, thousands
 
 MAX_TRACE_BYTES = traces.CPYTHON.bytes          # an uploaded trace: limits set in core.traces, by the work
 MAX_TRACE_REQUESTS = traces.CPYTHON.requests
-MAX_BLOCKS = 100_000               # prompt blocks of the synthetic trace: a slider's change stays well under 2 s
+MAX_BLOCKS = 30_000                # prompt blocks of the synthetic trace: the worst change replays in under 0.5 s of CPU
 MAX_FRAMES = 200
 RING_POINTS = 64                   # virtual nodes per replica on the consistent-hashing ring
 SHARED = -1                        # the owner of a block that more than one session uses
@@ -54,9 +57,17 @@ class LoadBalancerParams(Params):
                                  help="Mean arrival rate, Poisson (synthetic trace)")
     skew: float = number(1.0, unit="Zipf exponent", min=0, max=3,
                          help="How unevenly turns fall on sessions: 0 even, 1 the first session gets most")
-    capacity: int = integer(16_384, unit="tokens", min=1, max=10_000_000, help="Prefix cache per replica")
-    prefill_rate: int = integer(10_000, unit="tokens/s", min=1, max=10_000_000,
-                                help="Prefill throughput of one replica")
+    model: str = choice("llama-3-70b", MODELS, help="Model every replica serves (shapes from its config.json)")
+    gpu: str = choice("h100-sxm", GPUS, help="GPU preset (datasheet memory and BF16 FLOP/s)")
+    gpus_per_replica: int = integer(2, unit="GPUs", min=1, max=8,
+                                    help="GPUs per replica (tensor parallel): they hold its weights and its cache")
+    mfu: float = number(0.5, unit="share", min=0.01, max=1.0, help="Share of peak FLOP/s prefill reaches")
+    capacity: int | None = integer(None, unit="tokens", min=1, max=100_000_000, optional=True,
+                                   help="Override: prefix cache per replica (empty: what its GPUs hold after the "
+                                        "weights and a 6 GB reserve each)")
+    prefill_rate: int | None = integer(None, unit="tokens/s", min=1, max=10_000_000, optional=True,
+                                       help="Override: a flat prefill rate per replica (empty: the time model, "
+                                            "linear FLOPs plus attention to the cached prefix)")
     load_weight: float = number(2.0, unit="tokens/token", min=0, max=100,
                                 help="Cache-aware router: how much a token of queued work weighs against "
                                      "a token of cached prefix")
@@ -68,9 +79,18 @@ class LoadBalancerParams(Params):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.capacity < self.block_size:
+        cap = capacity_tokens(self)
+        if cap < self.block_size and self.capacity is not None:
             raise ParamError("capacity", f"capacity must hold at least one block of {self.block_size:,} tokens; "
                                          f"got {self.capacity:,}.")
+        if cap < self.block_size:
+            m, g, r = MODELS[self.model], GPUS[self.gpu], hardware(self)
+            raise ParamError("gpus_per_replica",
+                             f"{m.title}'s weights ({r['weights_bytes'] / GB:,.0f} GB in BF16) and the reserve leave "
+                             f"{max(0, r['derived_kv_memory_bytes']) / GB:,.1f} GB for the cache on "
+                             f"{self.gpus_per_replica} × {g.title} ({g.memory_gb:g} GB each), not one block of "
+                             f"{self.block_size:,} tokens; use more GPUs per replica, a larger GPU, a smaller "
+                             f"model, or set capacity.")
         if self.trace:
             parse_trace(self.trace, self.block_size)
             return
@@ -86,6 +106,34 @@ class LoadBalancerParams(Params):
 
     def _longest(self) -> int:
         return max(session_turns(self.sessions, self.turns, self.skew))
+
+
+# ---- the hardware: how much each replica caches, how fast it prefills ------------------------------------
+RESERVE_GB = 6.0        # per GPU, for activations, CUDA graphs and NCCL: the cache-renting page's default
+
+
+def hardware(p: LoadBalancerParams) -> dict:
+    """The cache-renting arithmetic for one replica: (GPUs × memory − weights − reserve) ÷ KV bytes per token."""
+    return _hardware(p.model, p.gpu, p.gpus_per_replica)
+
+
+@functools.lru_cache(maxsize=64)
+def _hardware(model: str, gpu: str, gpus: int) -> dict:
+    return cache_renting(CacheRentingParams(model=model, gpu=gpu, gpu_count=gpus, weight_dtype="bf16",
+                                            kv_dtype="bf16", reserve_gb_per_gpu=RESERVE_GB))
+
+
+def capacity_tokens(p: LoadBalancerParams) -> int:
+    """Prefix cache per replica in tokens: the override, or what the replica's GPUs hold."""
+    return p.capacity if p.capacity is not None else hardware(p)["token_capacity"]
+
+
+def prefill_seconds(p: LoadBalancerParams, new: int, cached: int) -> float:
+    """Prefill of `new` tokens after `cached` ones: the flat override, or the shared time model (linear FLOPs
+    of the active parameters + causal attention to the cached prefix and the new tokens) at the given MFU."""
+    if p.prefill_rate is not None:
+        return new / p.prefill_rate
+    return timing.prefill_seconds(MODELS[p.model], GPUS[p.gpu], new, cached, gpus=p.gpus_per_replica, mfu=p.mfu)
 
 
 # ---- the workload: a Mooncake-format trace --------------------------------------------------------------
@@ -106,6 +154,7 @@ class Workload:
     owners: dict          # hash id -> session, or SHARED
     uploaded: bool
     sessions_given: bool  # sessions came from the trace's session_id (else inferred from the hash ids)
+    unlimited_found: int  # prompt tokens one cache that never evicts would find (core.traces.unlimited_cache_hits)
 
 
 def synthetic_blocks(p: LoadBalancerParams) -> int:
@@ -128,34 +177,40 @@ def session_turns(sessions: int, turns: int, skew: float) -> list[int]:
     return out
 
 
-def _segments(p: LoadBalancerParams, session: int, turn: int) -> list[tuple]:
-    """The prompt as runs of distinct tokens: system prompt, the history, the new message."""
-    segs = [("system", 0, p.system_prompt)] if p.system_prompt else []
-    for t in range(turn):
-        segs.append(("message", session, t, p.message))
-        if p.answer:
-            segs.append(("answer", session, t, p.answer))
-    segs.append(("message", session, turn, p.message))
-    return segs
+def _new_segments(p: LoadBalancerParams, session: int, turn: int) -> list[tuple]:
+    """What turn `turn` adds to the session's last prompt, as runs of distinct tokens: the system prompt and
+    the first message, or the last answer and the new message. A prompt is the last one extended."""
+    if turn == 0:
+        return ([("system", 0, p.system_prompt)] if p.system_prompt else []) + [("message", session, 0, p.message)]
+    return ([("answer", session, turn - 1, p.answer)] if p.answer else []) + [("message", session, turn, p.message)]
 
 
-def _hash_ids(segments: list[tuple], block_size: int, ids: dict) -> list[int]:
-    """Mooncake-style hash ids: a block's id depends on its tokens and on every block before it
-    (chained), and each new block gets the next integer."""
-    out, block, room, prev = [], [], block_size, -1
+@dataclasses.dataclass
+class _Chain:
+    """A session's prompt so far, cut into blocks: the ids of its full blocks and the tokens of the partial one."""
+    full: list
+    block: list
+    room: int
+    prev: int = -1
+
+
+def _extend(chain: _Chain, segments: list[tuple], block_size: int, ids: dict) -> list[int]:
+    """Mooncake-style hash ids of the chain's prompt once `segments` are appended: a block's id depends on its
+    tokens and on every block before it (chained), and each new block gets the next integer. Only the new
+    tokens are walked, so a long session costs what it adds, not the square of its length."""
     for seg in segments:
         key, n, at = seg[:-1], seg[-1], 0
         while at < n:
-            take = min(room, n - at)
-            block.append((key, at, at + take))
-            at, room = at + take, room - take
-            if room == 0:
-                prev = ids.setdefault((prev, tuple(block)), len(ids))
-                out.append(prev)
-                block, room = [], block_size
-    if block:
-        out.append(ids.setdefault((prev, tuple(block)), len(ids)))
-    return out
+            take = min(chain.room, n - at)
+            chain.block.append((key, at, at + take))
+            at, chain.room = at + take, chain.room - take
+            if chain.room == 0:
+                chain.prev = ids.setdefault((chain.prev, tuple(chain.block)), len(ids))
+                chain.full.append(chain.prev)
+                chain.block, chain.room = [], block_size
+    if chain.block:
+        return chain.full + [ids.setdefault((chain.prev, tuple(chain.block)), len(ids))]
+    return list(chain.full)
 
 
 def synthetic_records(p: LoadBalancerParams) -> list[dict]:
@@ -163,14 +218,14 @@ def synthetic_records(p: LoadBalancerParams) -> list[dict]:
     rng = random.Random(p.seed)
     order = [s for s, n in enumerate(session_turns(p.sessions, p.turns, p.skew)) for _ in range(n)]
     rng.shuffle(order)
-    t, seen, ids, out = 0.0, collections.Counter(), {}, []
+    t, seen, ids, out, chains = 0.0, collections.Counter(), {}, [], {}
     for s in order:
         t += rng.expovariate(p.arrival_rate)
         turn = seen[s]
         seen[s] += 1
-        segs = _segments(p, s, turn)
-        out.append({"timestamp": round(t * 1000), "input_length": sum(x[-1] for x in segs),
-                    "output_length": p.answer, "hash_ids": _hash_ids(segs, p.block_size, ids), "session_id": s})
+        chain = chains.setdefault(s, _Chain([], [], p.block_size))
+        out.append({"timestamp": round(t * 1000), "input_length": p._prompt(turn), "output_length": p.answer,
+                    "hash_ids": _extend(chain, _new_segments(p, s, turn), p.block_size, ids), "session_id": s})
     return out
 
 
@@ -213,14 +268,27 @@ def _requests(records, block_size: int) -> tuple[tuple[Request, ...], dict, bool
     return tuple(out), owners, given
 
 
+@functools.lru_cache(maxsize=2)
+def _uploaded(trace: str, block_size: int) -> Workload:
+    records = parse_trace(trace, block_size)
+    reqs, owners, given = _requests(records, block_size)
+    return Workload(reqs, owners, True, given, traces.unlimited_cache_hits(records, block_size)[0])
+
+
 @functools.lru_cache(maxsize=8)
 def workload(p: LoadBalancerParams) -> Workload:
-    if p.trace:
-        reqs, owners, given = _requests(parse_trace(p.trace, p.block_size), p.block_size)
-        return Workload(reqs, owners, True, given)
+    if p.trace:                      # by the text alone: the synthetic trace's controls do not change it
+        return _uploaded(p.trace, p.block_size)
+    return _synthetic(tuple(getattr(p, n) for n in SYNTHETIC_ONLY), p.block_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _synthetic(values: tuple, block_size: int) -> Workload:
+    """By the synthetic trace's own controls alone: the fleet's controls do not change it."""
+    p = LoadBalancerParams(**dict(zip(SYNTHETIC_ONLY, values)), block_size=block_size, capacity=block_size)
     records = [dict(r, hash_ids=tuple(r["hash_ids"])) for r in synthetic_records(p)]
     reqs, owners, given = _requests(records, p.block_size)
-    return Workload(reqs, owners, False, given)
+    return Workload(reqs, owners, False, given, traces.unlimited_cache_hits(records, p.block_size)[0])
 
 
 # ---- the fleet -----------------------------------------------------------------------------------------
@@ -244,25 +312,33 @@ class Replica:
     routed: int = 0
     busy: float = 0.0           # seconds of prefill served
     queued: int = 0             # tokens of prefill waiting (the routers' estimates)
-    promised: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # block ids sent here
+    promised: dict = dataclasses.field(default_factory=dict)   # block id -> prompts sent here that hold it
     tally: dict = dataclasses.field(default_factory=dict)   # owner (session or SHARED) -> blocks cached
 
     def send(self, job: "Job", sign: int) -> None:
         """Count a routed prompt's blocks as on their way into this cache (sign +1), or done (−1)."""
+        promised = self.promised
         for b in job.request.blocks:
-            self.promised[b] += sign
+            promised[b] = promised.get(b, 0) + sign
 
-    def load(self, now: float, rate: float) -> float:
-        """Tokens of prefill still to do here: the waiting prompts' uncached parts and the rest of the
-        running one."""
-        return self.queued + (max(0.0, self.running.end - now) * rate if self.running else 0.0)
+    def load(self, now: float) -> float:
+        """Tokens of prefill still to do here: the waiting prompts' uncached parts and the part of the running
+        one not yet done (its time left as a share of its time)."""
+        j = self.running
+        if j is None or j.end <= now:
+            return float(self.queued)
+        left = (j.request.input_length - j.matched) * (j.end - now) / (j.end - j.start)
+        return self.queued + left
 
     def expected_blocks(self, blocks: tuple) -> int:
         """Blocks of this prompt the replica holds or will hold once its queue is served: the longest
         prefix found in its cache, or made of block ids of prompts already sent here (as SGLang's router
         counts a prompt as soon as it routes it; hash ids are chained, so an id stands for its prefix)."""
         n = 0
-        while n < len(blocks) and self.promised[blocks[n]] > 0:
+        promised = self.promised
+        if promised.get(blocks[0], 0) <= 0:          # the usual case: nothing of this prompt is on its way here
+            return self.tree.peek(blocks)
+        while n < len(blocks) and promised.get(blocks[n], 0) > 0:
             n += 1
         return max(self.tree.peek(blocks), n)
 
@@ -303,7 +379,7 @@ class LeastLoaded(Router):
     key, name = "least_loaded", "least-loaded"
 
     def choose(self, req, fleet, now, p, count):
-        return min(fleet, key=lambda r: (r.load(now, p.prefill_rate), r.routed, r.index)).index
+        return min(fleet, key=lambda r: (r.load(now), r.routed, r.index)).index
 
 
 @functools.lru_cache(maxsize=16)
@@ -334,7 +410,7 @@ def cache_aware_scores(req: Request, fleet: list[Replica], now: float, p: LoadBa
     out = []
     for r in fleet:
         cached = cached_tokens(r.expected_blocks(req.blocks), req, p.block_size)
-        queued = r.load(now, p.prefill_rate)
+        queued = r.load(now)
         out.append((cached - p.load_weight * queued, cached, queued))
     return out
 
@@ -398,11 +474,11 @@ class Run:
     scores: dict                 # request index -> the cache-aware scores (score, cached, queued) before routing
 
 
-def _snapshot(fleet: list[Replica], now: float, rate: float) -> tuple:
+def _snapshot(fleet: list[Replica], now: float) -> tuple:
     return tuple(Snapshot(tuple(sorted((o, n) for o, n in r.tally.items() if n)),
                           (r.running.request.index,) if r.running else (),
                           tuple(j.request.index for j in itertools.islice(r.waiting, QUEUE_SHOWN)),
-                          len(r.waiting), r.load(now, rate), r.tree.size)
+                          len(r.waiting), r.load(now), r.tree.size)
                  for r in fleet)
 
 
@@ -416,7 +492,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
     """Replay the workload under one router. Events: arrivals (priority 1) and prefill ends
     (priority 0, so a replica that frees up at the moment a request arrives is seen as free)."""
     w = workload(p)
-    fleet = [Replica(i, RadixTree(p.capacity // p.block_size)) for i in range(p.replicas)]
+    fleet = [Replica(i, RadixTree(capacity_tokens(p) // p.block_size)) for i in range(p.replicas)]
     for r in fleet:                                   # keep each cache's blocks by owner as they come and go
         r.tree.on_evict = lambda victim, tally=r.tally: _count(tally, w.owners, -1, victim.tokens)
     heap, counter = [], itertools.count()
@@ -431,7 +507,8 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
         job.blocks, job.path = r.tree.match(job.request.blocks)
         r.tree.lock(job.path, +1)
         job.matched = cached_tokens(job.blocks, job.request, p.block_size)
-        job.start, job.end = now, now + (job.request.input_length - job.matched) / p.prefill_rate
+        job.start = now
+        job.end = now + prefill_seconds(p, job.request.input_length - job.matched, job.matched)
         r.running = job
         events.append((now, "start", job.request.index, r.index, r.tree.size))
         heapq.heappush(heap, (job.end, 0, next(counter), r.index))
@@ -456,6 +533,9 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
                 start(r, now)
             continue
         q = w.requests[x]
+        if x % 2_000 == 0 and len(w.requests) > 5_000:     # a long replay tells the page how far it is
+            traces.report((ROUTERS.index(router) + x / len(w.requests)) / len(ROUTERS),
+                          f"replaying {len(w.requests):,} requests under {router.name}: request {x:,}")
         if x in snapshot_at:
             scores[x] = tuple(cache_aware_scores(q, fleet, now, p))
         r = fleet[router.choose(q, fleet, now, p, x)]
@@ -470,7 +550,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
             start(r, now)
         queues.append(max(len(f.waiting) + (f.running is not None) for f in fleet))
         if x in snapshot_at:
-            snaps[x] = _snapshot(fleet, now, p.prefill_rate)
+            snaps[x] = _snapshot(fleet, now)
     return Run(router.key, tuple(served), tuple(events), tuple(f.busy for f in fleet), tuple(queues), snaps,
                tuple(peak), tuple(f.tree.evicted for f in fleet), scores)
 
@@ -483,8 +563,25 @@ def frame_requests(n: int) -> list[int]:
     return [round(f * (n - 1) / (frames - 1)) for f in range(frames)]
 
 
-@functools.lru_cache(maxsize=32)
+SYNTHETIC_ONLY = ("sessions", "turns", "system_prompt", "message", "answer", "arrival_rate", "skew", "seed")
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(LoadBalancerParams)}
+
+
+def replay_params(p: LoadBalancerParams, router_key: str) -> LoadBalancerParams:
+    """The parameters one router's replay depends on, the rest set to their defaults, so a change that cannot
+    alter a replay reuses it: the load weight matters to the cache-aware router only, and the synthetic
+    trace's controls do not matter to an uploaded trace."""
+    names = (("load_weight",) if router_key != "cache_aware" else ()) + (SYNTHETIC_ONLY if p.trace else ())
+    changes = {n: DEFAULTS[n] for n in names if getattr(p, n) != DEFAULTS[n]}
+    return dataclasses.replace(p, **changes) if changes else p
+
+
 def run(p: LoadBalancerParams, router_key: str) -> Run:
+    return _run(replay_params(p, router_key), router_key)
+
+
+@functools.lru_cache(maxsize=32)
+def _run(p: LoadBalancerParams, router_key: str) -> Run:
     return simulate(p, BY_KEY[router_key], frozenset(frame_requests(len(workload(p).requests))))
 
 
@@ -511,12 +608,26 @@ def summary(p: LoadBalancerParams, router_key: str) -> dict:
             "evicted_tokens": sum(r.evicted_blocks) * p.block_size}
 
 
+def out_total(w: Workload) -> int:
+    return sum(q.input_length for q in w.requests)
+
+
+def over_cache(p: LoadBalancerParams) -> int:
+    """Requests whose prompt is longer than a replica's whole cache: they cannot be cached whole."""
+    cap = capacity_tokens(p) // p.block_size * p.block_size
+    return sum(q.input_length > cap for q in workload(p).requests)
+
+
 @functools.lru_cache(maxsize=8)
 def evaluate(p: LoadBalancerParams) -> dict:
     w = workload(p)
     out = {"trace": "uploaded" if w.uploaded else "synthetic", "requests": len(w.requests),
            "sessions": len({q.session for q in w.requests}),
-           "tokens_requested": sum(q.input_length for q in w.requests)}
+           "tokens_requested": sum(q.input_length for q in w.requests),
+           "capacity_tokens": capacity_tokens(p), "capacity_source": "derived" if p.capacity is None else "override",
+           "requests_over_cache": over_cache(p),
+           "longest_prompt_tokens": max(q.input_length for q in w.requests),
+           "unlimited_cache_hit_rate": w.unlimited_found / out_total(w)}
     for router in ROUTERS:
         s = summary(p, router.key)
         for k in ("hit_rate", "ttft_p50_s", "ttft_p99_s", "imbalance", "evicted_tokens"):
@@ -548,7 +659,7 @@ def frame_data(p: LoadBalancerParams, frame: int) -> dict:
     f = max(0, min(len(stops) - 1, frame))
     k = stops[f]
     q = w.requests[k]
-    cap = p.capacity // p.block_size * p.block_size
+    cap = capacity_tokens(p) // p.block_size * p.block_size
     box, gap = 0.05 * cap, 0.012 * cap
     cache = {c: [] for c in ("x0", "x1", "y", "color", "owner", "tokens")}
     queue = {c: [] for c in ("x0", "x1", "y", "color", "line", "request", "state")}
@@ -611,7 +722,7 @@ def opening_frame(p: LoadBalancerParams) -> int:
 
 def lanes(p: LoadBalancerParams) -> dict:
     """The fixed parts of the lanes plot: labels, capacity outlines, router names."""
-    cap = p.capacity // p.block_size * p.block_size
+    cap = capacity_tokens(p) // p.block_size * p.block_size
     out = {"x0": [], "x1": [], "y": [], "label": [], "lx": []}
     names = {"x": [], "y": [], "text": [], "color": []}
     headers = {"x": [0, cap * 1.04], "y": [0.75, 0.75],
@@ -631,11 +742,22 @@ def lanes(p: LoadBalancerParams) -> dict:
     return {"lanes": out, "router_names": names, "headers": headers}
 
 
+CURVE_POINTS = 1_000      # points per router in the curves: a 100,000-request trace draws as fast as 64 requests
+
+
+def curve_points(n: int) -> list[int]:
+    """Request indices the curves draw: all of them, or CURVE_POINTS spread evenly, always with the last."""
+    if n <= CURVE_POINTS:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)})
+
+
 def page_data(p: LoadBalancerParams) -> dict:
     w = workload(p)
     n = len(w.requests)
     sums = {r.key: summary(p, r.key) for r in ROUTERS}
-    running = {"request": list(range(n))}
+    shown = curve_points(n)
+    running = {"request": shown}
     ecdf, pcts, busy = {"ttft": [], "share": [], "router": [], "color": []}, \
         {"ttft": [], "share": [], "router": [], "color": [], "label": []}, \
         {"router": [], "busy": [], "replica": [], "color": []}
@@ -647,9 +769,10 @@ def page_data(p: LoadBalancerParams) -> dict:
         for sv in r.served:
             m, a = m + sv.matched, a + sv.matched + sv.computed
             col.append(m / a)
-        running[router.key] = col
+        running[router.key] = [col[i] for i in shown]
         ttft = sorted(sv.ttft for sv in r.served)
-        for i, t in enumerate(ttft):
+        for i in curve_points(n):                  # every step of the distribution, or ECDF_POINTS of them
+            t = ttft[i]
             ecdf["ttft"] += [t, t]
             ecdf["share"] += [i / n, (i + 1) / n]
             ecdf["router"] += [router.key] * 2
@@ -674,7 +797,7 @@ def page_data(p: LoadBalancerParams) -> dict:
                         "share": [s for s, k in zip(ecdf["share"], ecdf["router"]) if k == key]}
                   for key in BY_KEY}
     at = frame_data(p, opening_frame(p))
-    cap = p.capacity // p.block_size * p.block_size
+    cap = capacity_tokens(p) // p.block_size * p.block_size
     lanes_src = lanes(p)
     top = 1.3
     bottom = lane_y(p, len(ROUTERS) - 1, p.replicas - 1) - 0.8
@@ -682,13 +805,14 @@ def page_data(p: LoadBalancerParams) -> dict:
     return {
         **at,
         "sources": {**at["sources"], **lanes_src, "running": running, "percentiles": pcts,
+                    "unlimited": {"request": [-0.5, n - 0.5], "hit_rate": [w.unlimited_found / out_total(w)] * 2},
                     **{f"ecdf_{k}": v for k, v in ecdf_lines.items()}, "busy": busy, "busy_mean": mean},
         "ranges": {"lanes_x": [-0.3 * cap, cap * (1.04 + QUEUE_SHOWN * 0.062) + 0.42 * cap],
                    "lanes_y": [bottom, top], "running_x": [-0.5, n - 0.5], "ttft_x": [0, 1.08 * longest],
                    "busy_y": [0, 1.18 * max(max(mean["max"]), 1e-9)]},
         "formula": formula(p, sums),
         "readouts": readouts(p, sums),
-        "notes": [],
+        "notes": notes(p),
         "texts": {"trace": trace_note(p)},
     }
 
@@ -704,6 +828,34 @@ def trace_note(p: LoadBalancerParams) -> str:
                 f"and a link reproduces only the synthetic trace.")
     return (f"Replaying the synthetic trace: {n:,} requests from {s:,} sessions over {span:,.1f} s, "
             f"in the Mooncake format. Upload your own above.")
+
+
+def capacity_line(p: LoadBalancerParams) -> dict:
+    """The cache per replica: the cache-renting arithmetic for its GPUs, or the override."""
+    cap = capacity_tokens(p)
+    if p.capacity is not None:
+        return {"name": "Prefix cache per replica", "formula": "capacity (set by hand)",
+                "substituted": f"{thousands(cap)} tokens", "result": f"{thousands(cap)} tokens"}
+    r, g, m = hardware(p), GPUS[p.gpu], MODELS[p.model]
+    return {"name": "Prefix cache per replica",
+            "formula": "(GPUs × memory − weights − GPUs × reserve) ÷ KV bytes per token",
+            "substituted": f"({p.gpus_per_replica} × {g.memory_gb:g} GB − {r['weights_bytes'] / GB:,.1f} GB − "
+                           f"{p.gpus_per_replica} × {RESERVE_GB:g} GB) ÷ {r['kv_bytes_per_token']:,.0f} bytes "
+                           f"({m.title}, BF16 weights and cache, on {g.title})",
+            "result": f"{thousands(cap)} tokens"}
+
+
+def notes(p: LoadBalancerParams) -> list[str]:
+    """What the reader must know to read the results: prompts that do not fit, and the reference hit rate."""
+    w, out = workload(p), []
+    big, cap = over_cache(p), capacity_tokens(p) // p.block_size * p.block_size
+    if big:
+        longest = max(q.input_length for q in w.requests)
+        out.append(f"{big:,} of {len(w.requests):,} prompts (the longest {thousands(longest)} tokens) are longer "
+                   f"than a replica's whole {thousands(cap)}-token cache: each empties the cache it lands on and "
+                   f"keeps only its first {thousands(cap)} tokens, so every router's hit rate suffers. Give each "
+                   f"replica more GPUs or a larger GPU.")
+    return out
 
 
 def _p99_request(p: LoadBalancerParams, key: str) -> Served:
@@ -728,14 +880,28 @@ def formula(p: LoadBalancerParams, sums: dict) -> list[dict]:
                   "formula": "min(blocks found in the replica's radix tree × block size, prompt)",
                   "substituted": f"min({sv.blocks} × {thousands(p.block_size)}, {thousands(w.requests[k].input_length)})",
                   "result": f"{thousands(sv.matched)} tokens"})
+    lines.append(capacity_line(p))
     for router in ROUTERS:
         s = _p99_request(p, router.key)
         q = w.requests[s.request]
+        prefill = (f"({thousands(q.input_length)} − {thousands(s.matched)}) ÷ {thousands(p.prefill_rate)} tokens/s"
+                   if p.prefill_rate is not None else
+                   f"prefill(n = {thousands(q.input_length)} − {thousands(s.matched)}, c = {thousands(s.matched)})")
         lines.append({"name": f"Time to first token, {router.name} (its p99: request {s.request})",
-                      "formula": "queue wait + (prompt − cached) ÷ prefill rate",
-                      "substituted": f"{s.wait:.3f} s + ({thousands(q.input_length)} − {thousands(s.matched)}) ÷ "
-                                     f"{thousands(p.prefill_rate)} tokens/s",
+                      "formula": "queue wait + (prompt − cached) ÷ prefill rate" if p.prefill_rate is not None
+                                 else "queue wait + prefill of the n uncached tokens after the c cached ones",
+                      "substituted": f"{s.wait:.3f} s + {prefill}",
                       "result": f"{s.ttft:.3f} s"})
+    if p.prefill_rate is None:                    # the time model itself, for the cache-aware router's p99 request
+        s = _p99_request(p, "cache_aware")
+        row = timing.prefill_formula(MODELS[p.model], GPUS[p.gpu], w.requests[s.request].input_length - s.matched,
+                                     s.matched, gpus=p.gpus_per_replica, mfu=p.mfu)
+        lines.append({**row, "name": f"Prefill time, request {s.request} (cache-aware's p99)"})
+    found = w.unlimited_found
+    lines.append({"name": "Hit rate with an unlimited cache (reference)",
+                  "formula": "Σ longest prefix of each prompt seen in any earlier prompt ÷ Σ prompt tokens",
+                  "substituted": f"{thousands(found)} ÷ {thousands(out_total(w))}",
+                  "result": f"{found / out_total(w):.1%}"})
     lines.append({"name": "Hit rate", "formula": "Σ cached tokens ÷ Σ prompt tokens",
                   "substituted": "; ".join(f"{r.name} {thousands(sums[r.key]['tokens_matched'])} ÷ "
                                            f"{thousands(sums[r.key]['tokens_requested'])}" for r in ROUTERS),
@@ -761,7 +927,11 @@ def score_line(p: LoadBalancerParams) -> dict:
 
 
 def readouts(p: LoadBalancerParams, sums: dict) -> list[dict]:
+    w = workload(p)
     return [{"label": router.name, "value": f"{sums[router.key]['hit_rate']:.0%} hits",
              "detail": f"first token p50 {sums[router.key]['ttft_p50_s']:.2f} s, p99 "
                        f"{sums[router.key]['ttft_p99_s']:.2f} s; imbalance {sums[router.key]['imbalance']:.2f}"}
-            for router in ROUTERS]
+            for router in ROUTERS] + [
+        {"label": "unlimited cache", "value": f"{w.unlimited_found / out_total(w):.0%} hits",
+         "detail": "the most any router could reuse: one cache that keeps every prompt (Mooncake's Table 2: "
+                   "40% for its conversation trace, 66% for its synthetic one)"}]

@@ -50,11 +50,14 @@ def layout(params_cls, values: dict, data: dict):
     start, end = data["ranges"]["running_x"]
     running = figure(height=300, sizing_mode="stretch_width", toolbar_location=None, y_range=(0, 1.02),
                      x_range=Range1d(start, end, name="range:running_x"),
-                     title="Hit rate so far", x_axis_label="request (arrival order)", y_axis_label="cached ÷ prompt")
+                     title="Hit rate so far (dashed: an unlimited cache)", x_axis_label="request (arrival order)",
+                     y_axis_label="cached ÷ prompt")
     for router in ROUTERS:
         running.line("request", router.key, source=src["running"], line_width=3, color=ROUTER_COLORS[router.key],
                      legend_label=router.name)
     running.line("request", "y", source=src["cursor"], color="#111827", line_width=2, line_dash="dotted")
+    running.line("request", "hit_rate", source=src["unlimited"], color="#111827", line_width=2, line_dash="dashed",
+                 legend_label="unlimited cache")
     running.yaxis.formatter = NumeralTickFormatter(format="0%")
     running.legend.location = "bottom_right"
 

@@ -89,10 +89,13 @@ def test_the_defaults_numbers():
     assert (r["requests"], r["sessions"], r["tokens_requested"]) == (64, 16, 318_464)
     got = {k: tuple(round(r[f"{k}_{m}"], 4) for m in ("hit_rate", "ttft_p50_s", "ttft_p99_s", "imbalance"))
            for k in BY_KEY}
-    assert got == {"round_robin": (0.4984, 0.279, 1.9098, 1.1154),
-                   "least_loaded": (0.574, 0.2048, 1.3492, 1.1774),
-                   "sticky": (0.6801, 0.1278, 3.8268, 2.9146),
-                   "cache_aware": (0.7572, 0.1024, 0.3584, 1.1921)}
+    assert got == {"round_robin": (0.5482, 0.6439, 3.2226, 1.1311),
+                   "least_loaded": (0.5579, 0.4508, 1.8979, 1.0337),
+                   "sticky": (0.7203, 0.2977, 5.5608, 2.8132),
+                   "cache_aware": (0.7219, 0.2285, 0.8807, 1.3217)}
+    # Llama 3 70B on 2 × H100 SXM: (160 GB − 141.1 GB of BF16 weights − 12 GB) ÷ 327,680 bytes a token.
+    assert (r["capacity_tokens"], r["capacity_source"], r["requests_over_cache"]) == (21_057, "derived", 0)
+    assert r["capacity_tokens"] == int((2 * 80e9 - 70.55e9 * 2 - 2 * 6e9) // (80 * 8 * 128 * 2 * 2))
 
 
 def test_the_ordering_the_page_claims():
@@ -104,10 +107,10 @@ def test_the_ordering_the_page_claims():
     assert hit["sticky"] > hit["least_loaded"] + 0.1                  # sticky keeps it...
     assert max(imb, key=imb.get) == "sticky" and max(p99, key=p99.get) == "sticky"   # ...but overloads a replica
     assert hit["cache_aware"] >= hit["sticky"] - 0.02                 # cache-aware: sticky's hit rate
-    assert imb["cache_aware"] <= imb["least_loaded"] + 0.05           # with least-loaded's balance
+    assert imb["cache_aware"] < 1.5 < imb["sticky"]                   # with far less imbalance than sticky
     assert min(p99, key=p99.get) == "cache_aware"
     sticky_run = run(P(), "sticky")
-    assert sticky_run.evicted_blocks == (0, 131, 0, 0)                 # only the hot replica evicts
+    assert sticky_run.evicted_blocks == (0, 99, 0, 0)                  # only the hot replica evicts
     assert session_turns(16, 4, 1.0)[0] == 15
 
 
@@ -116,14 +119,16 @@ def test_the_pages_figures():
         r = evaluate(P(**values))
         return {k: (round(r[f"{k}_hit_rate"] * 100, 1), round(r[f"{k}_ttft_p99_s"], 2), round(r[f"{k}_imbalance"], 2))
                 for k in BY_KEY}
-    assert fig() == {"round_robin": (49.8, 1.91, 1.12), "least_loaded": (57.4, 1.35, 1.18),
-                     "sticky": (68.0, 3.83, 2.91), "cache_aware": (75.7, 0.36, 1.19)}
-    assert [round(b, 2) for b in evaluate(P())["sticky_busy_s"]] == [0.77, 7.42, 1.38, 0.61]
-    assert fig(skew=0)["sticky"] == (69.4, 0.48, 1.58) and fig(skew=0)["cache_aware"][1] == 0.36
-    assert fig(skew=0)["round_robin"][0] == 49.3
-    assert fig(load_weight=0)["cache_aware"] == (60.0, 8.24, 4.0)
-    assert fig(load_weight=100)["cache_aware"][::2] == (56.6, 1.13)
-    assert fig(capacity=65536)["sticky"][::2] == (80.1, 2.26) and fig(capacity=65536)["cache_aware"][0] == 77.0
+    assert fig() == {"round_robin": (54.8, 3.22, 1.13), "least_loaded": (55.8, 1.9, 1.03),
+                     "sticky": (72.0, 5.56, 2.81), "cache_aware": (72.2, 0.88, 1.32)}
+    assert [round(b, 2) for b in evaluate(P())["sticky_busy_s"]] == [1.16, 9.77, 2.06, 0.91]
+    assert fig(skew=0)["sticky"] == (72.3, 0.53, 1.45) and fig(skew=0)["cache_aware"] == (66.1, 0.65, 1.11)
+    assert fig(skew=0)["round_robin"][0] == 50.4
+    assert fig(load_weight=0)["cache_aware"] == (68.3, 11.0, 4.0)
+    assert fig(load_weight=100)["cache_aware"][::2] == (59.2, 1.09)
+    assert fig(gpus_per_replica=4)["sticky"][::2] == (80.1, 2.32) and fig(gpus_per_replica=4)["cache_aware"] == \
+        (78.6, 0.27, 1.61)
+    assert round(evaluate(P())["unlimited_cache_hit_rate"] * 100, 1) == 81.5
     for query in re.findall(r"\]\(\?([^)]*)\)", PAGE):
         P.from_mapping(dict(parse_qsl(query)))
 
