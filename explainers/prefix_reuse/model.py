@@ -2,8 +2,9 @@
 
 Users share one system prompt and take several turns each. Every request walks a radix tree of
 cached token sequences as far as its prompt matches, reuses that cached KV, computes only the rest,
-and then caches its prompt and answer for the next turn. Deterministic for a given seed.
-Standard library only: this module runs in the browser.
+and then caches its prompt and answer for the next turn. Tokens become seconds through the shared
+time model (core.timing): a request computes n new tokens that attend to the c cached ones.
+Deterministic for a given seed. Standard library only: this module runs in the browser.
 """
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ import dataclasses
 import functools
 import random
 
-from ..core.params import ParamError, Params, choice, integer
+from ..core.gpus import GPUS
+from ..core.limits import check_context, check_weights_fit
+from ..core.models import MODELS
+from ..core.params import ParamError, Params, choice, integer, number
 from ..core.radix import EVICTION_POLICIES, RadixTree
+from ..core.timing import prefill_formula, prefill_seconds
 from ..core.units import thousands
 
 MESSAGE_BASE, ANSWER_OFFSET = 1_000_000, 5_000
@@ -28,12 +33,18 @@ class PrefixParams(Params):
     answer: int = integer(200, unit="tokens", min=1, max=4_000, help="Tokens in each answer")
     capacity: int = integer(100_000, unit="tokens", min=100, max=10_000_000, help="Prefix cache capacity")
     policy: str = choice("lru", tuple(EVICTION_POLICIES), help="Which unused leaf is evicted first")
-    prefill_rate: int = integer(10_000, unit="tokens/s", min=1, max=10_000_000,
-                                help="Prefill throughput, to turn tokens into time")
+    model: str = choice("llama-3-8b", MODELS, help="Model preset, for the prefill time")
+    gpu: str = choice("h100-sxm", GPUS, help="GPU preset, for the prefill time")
+    mfu: float = number(0.5, unit="share", min=0.01, max=1.0, help="Share of peak FLOP/s prefill reaches")
     seed: int = integer(0, unit="seed", min=0, max=10_000, help="Seed for the order users arrive in each turn")
 
     def __post_init__(self):
         super().__post_init__()
+        m = MODELS[self.model]
+        check_weights_fit("model", m, GPUS[self.gpu], 1, 2, "bf16")       # the time is for one GPU
+        longest = self.system_prompt + self.turns * (self.message + self.answer)
+        check_context("turns", m, longest, "the longest conversation (system prompt, then every turn's message "
+                                           "and answer)")
         if self.total_tokens() > MAX_TOKENS:
             raise ParamError("turns", f"turns × users × prompt length must stay under {MAX_TOKENS:,} tokens so the "
                                       f"browser can simulate it; this workload has {self.total_tokens():,}.")
@@ -62,19 +73,21 @@ def _answer(u: int, t: int, n: int) -> tuple:
     return tuple(range(base, base + n))
 
 
-def requests(p: PrefixParams) -> list[Req]:
+@functools.lru_cache(maxsize=8)
+def requests(p: PrefixParams) -> tuple[Req, ...]:
     """Turn by turn, users in a seeded order; each prompt is the system prompt, the history, the message."""
     rng = random.Random(p.seed)
     system = tuple(range(p.system_prompt))
+    history = [system] * p.users                     # each user's prompt so far, less the new message
     out = []
     for t in range(p.turns):
         order = list(range(p.users))
         rng.shuffle(order)
         for u in order:
-            history = [tok for s in range(t) for tok in _message(u, s, p.message) + _answer(u, s, p.answer)]
-            out.append(Req(len(out), u, t, system + tuple(history) + _message(u, t, p.message),
-                           _answer(u, t, p.answer)))
-    return out
+            message = _message(u, t, p.message)
+            out.append(Req(len(out), u, t, history[u] + message, _answer(u, t, p.answer)))
+            history[u] = history[u] + message + out[-1].answer
+    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,20 +100,39 @@ class Outcome:
 
 
 def serve(tree: RadixTree, r: Req) -> Outcome:
-    """One request: match, lock the matched path while it runs, then cache prompt and answer."""
+    """One request: match, lock the matched path while it runs, then cache prompt and answer (the insert
+    counts the hits, as SGLang's does)."""
     before = tree.evicted
     matched, path = tree.match(r.prompt)
-    tree.record_hit(path)
     tree.lock(path, +1)
     tree.insert(r.prompt + r.answer)
     tree.lock(path, -1)
     return Outcome(len(r.prompt), matched, len(r.prompt) - matched, tree.evicted - before, tree.size)
 
 
+def serve_like_sglang(tree: RadixTree, r: Req) -> Outcome:
+    """The same request under SGLang 0.5.23's scheduler rules, for the page's comparison: a match stops at
+    prompt length − 1 (Req._compute_max_prefix_len: one token must be computed for the logits), the last
+    answer token is never cached (its KV was never computed), and the prompt ends a node of its own, so
+    the answer is a leaf that can be evicted without it (RadixCache._insert_cache, split_prompt)."""
+    before = tree.evicted
+    matched, path = tree.match(r.prompt[:-1])
+    tree.lock(path, +1)
+    tree.insert(r.prompt + r.answer[:-1])
+    tree.match(r.prompt)                         # splits at the prompt's end, as SGLang's second insert does
+    tree.lock(path, -1)
+    return Outcome(len(r.prompt), matched, len(r.prompt) - matched, tree.evicted - before, tree.size)
+
+
 @functools.lru_cache(maxsize=8)
-def history(p: PrefixParams) -> tuple[Outcome, ...]:
+def history(p: PrefixParams, rules=serve) -> tuple[Outcome, ...]:
     tree = RadixTree(p.capacity, p.policy)
-    return tuple(serve(tree, r) for r in requests(p))
+    return tuple(rules(tree, r) for r in requests(p))
+
+
+def seconds(p: PrefixParams, new: int, cached: int) -> float:
+    """Prefill time of `new` tokens that attend to `cached` ones (core.timing: linear + causal attention)."""
+    return prefill_seconds(MODELS[p.model], GPUS[p.gpu], new, cached, mfu=p.mfu)
 
 
 def tree_after(p: PrefixParams, k: int) -> RadixTree:
@@ -115,15 +147,19 @@ def evaluate(p: PrefixParams) -> dict:
     h = history(p)
     requested = sum(o.requested for o in h)
     matched = sum(o.matched for o in h)
+    without = sum(seconds(p, o.requested, 0) for o in h)
+    with_cache = sum(seconds(p, o.computed, o.matched) for o in h)
+    sglang = history(p, serve_like_sglang)
     return {
         "requests": len(h),
         "tokens_requested": requested,
         "tokens_reused": matched,
         "tokens_computed": requested - matched,
         "hit_rate": matched / requested if requested else 0.0,
-        "prefill_seconds_without": requested / p.prefill_rate,
-        "prefill_seconds_with": (requested - matched) / p.prefill_rate,
-        "prefill_seconds_saved": matched / p.prefill_rate,
+        "prefill_seconds_without": without,
+        "prefill_seconds_with": with_cache,
+        "prefill_seconds_saved": without - with_cache,
+        "hit_rate_sglang_rules": sum(o.matched for o in sglang) / requested if requested else 0.0,
         "tokens_evicted": sum(o.evicted for o in h),
         "peak_cache_tokens": max(o.size for o in h),
     }
@@ -173,7 +209,8 @@ def frame_data(p: PrefixParams, frame: int) -> dict:
                       "caption": f"Request {k}: user {r.user}, turn {r.turn + 1}. Its prompt is "
                                  f"{thousands(o.requested)} tokens; {thousands(o.matched)} are already cached "
                                  f"(highlighted) and {thousands(o.computed)} are computed, saving "
-                                 f"{o.matched / p.prefill_rate:.2f} s of prefill."},
+                                 f"{_ms(seconds(p, o.requested, 0) - seconds(p, o.computed, o.matched))} "
+                                 f"of prefill."},
         "texts": {},
     }
 
@@ -204,6 +241,8 @@ def page_data(p: PrefixParams) -> dict:
 
 def formula(p: PrefixParams, r: dict) -> list[dict]:
     per_user = p.message + p.answer
+    m, g, h = MODELS[p.model], GPUS[p.gpu], history(p)
+    last = h[-1]
     return [
         {"name": "Tokens requested", "formula": "Σ over requests of (system prompt + history + message)",
          "substituted": f"{p.users} users × Σ_turn ({thousands(p.system_prompt)} + turn × {thousands(per_user)} "
@@ -214,10 +253,17 @@ def formula(p: PrefixParams, r: dict) -> list[dict]:
         {"name": "Hit rate", "formula": "tokens reused ÷ tokens requested",
          "substituted": f"{thousands(r['tokens_reused'])} ÷ {thousands(r['tokens_requested'])}",
          "result": f"{r['hit_rate']:.1%}"},
-        {"name": "Prefill time", "formula": "tokens computed ÷ prefill rate",
-         "substituted": f"{thousands(r['tokens_computed'])} ÷ {thousands(p.prefill_rate)} tokens/s "
-                        f"(without the cache: {thousands(r['tokens_requested'])} ÷ {thousands(p.prefill_rate)})",
-         "result": f"{r['prefill_seconds_with']:.1f} s instead of {r['prefill_seconds_without']:.1f} s"},
+        {"name": "Hit rate under SGLang's scheduler rules",
+         "formula": "the same workload, matches capped at prompt − 1, the last answer token not cached, "
+                    "each answer a leaf of its own (SGLang 0.5.23)",
+         "substituted": "found by replaying it on a second tree", "result": f"{r['hit_rate_sglang_rules']:.1%}"},
+        {**prefill_formula(m, g, last.computed, last.matched, mfu=p.mfu),
+         "name": f"Prefill time of the last request (n = {thousands(last.computed)} computed, "
+                 f"c = {thousands(last.matched)} cached)"},
+        {"name": "Prefill time, all requests",
+         "formula": "Σ over requests of prefill(n = computed, c = reused); without the cache prefill(n = prompt, c = 0)",
+         "substituted": f"{len(h)} requests, {p.model} on {p.gpu} at MFU {p.mfu:g}",
+         "result": f"{r['prefill_seconds_with']:.3g} s instead of {r['prefill_seconds_without']:.3g} s"},
     ]
 
 
@@ -226,8 +272,13 @@ def readouts(p: PrefixParams, r: dict) -> list[dict]:
         {"label": "Hit rate", "value": f"{r['hit_rate']:.0%}", "detail": "of prompt tokens came from the cache"},
         {"label": "Prefill computed", "value": thousands(r["tokens_computed"]),
          "detail": f"tokens, instead of {thousands(r['tokens_requested'])}"},
-        {"label": "Prefill time saved", "value": f"{r['prefill_seconds_saved']:.1f} s",
-         "detail": f"at {thousands(p.prefill_rate)} tokens/s"},
+        {"label": "Prefill time saved", "value": _ms(r["prefill_seconds_saved"]),
+         "detail": f"{_ms(r['prefill_seconds_with'])} instead of {_ms(r['prefill_seconds_without'])}, "
+                   f"{p.model} on one {p.gpu} at MFU {p.mfu:g}"},
         {"label": "Cache", "value": f"{thousands(r['peak_cache_tokens'])}",
          "detail": f"tokens at most, of {thousands(p.capacity)}; {thousands(r['tokens_evicted'])} evicted"},
     ]
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1000:,.1f} ms" if s < 1 else f"{s:,.2f} s"

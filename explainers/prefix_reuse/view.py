@@ -13,7 +13,7 @@ def layout(params_cls, values: dict, data: dict):
     src = widgets.sources(data)
     hits = LinearColorMapper(palette=Viridis256[::-1][40:], low=0, high=max(8, values["users"] * values["turns"]))
     tree = figure(height=380, sizing_mode="stretch_width", toolbar_location=None, y_axis_location=None,
-                  title="The radix tree: each bar a run of cached tokens, coloured by how many requests reused it",
+                  title="The radix tree: each bar a run of cached tokens, coloured by how many requests stored it",
                   x_axis_label="token position from the start of the prompt")
     tree.quad(left="x0", right="x1", bottom="y0", top="y1", source=src["tree"], line_color="white",
               fill_color={"field": "hits", "transform": hits})
@@ -21,8 +21,8 @@ def layout(params_cls, values: dict, data: dict):
               line_color={"field": "state", "transform": _outline()})
     tree.segment(x0="x0", x1="x1", y0="y", y1="y", source=src["current"], line_width=8, color="#dc2626")
     tree.text(x="x0", y="y", text="label", source=src["current"], y_offset=-8, text_font_size="13px")
-    tree.add_layout(ColorBar(color_mapper=hits, title="requests that reused it", width=10), "right")
-    tree.add_tools(HoverTool(tooltips=[("tokens", "@tokens"), ("reused by", "@hits requests"), ("", "@state")]))
+    tree.add_layout(ColorBar(color_mapper=hits, title="requests that stored it", width=10), "right")
+    tree.add_tools(HoverTool(tooltips=[("tokens", "@tokens"), ("stored by", "@hits requests (the first, then every reuse)"), ("", "@state")]))
 
     per = figure(height=280, sizing_mode="stretch_width", toolbar_location=None,
                  title="Each request's prompt: reused from the cache, and computed", x_axis_label="request")
