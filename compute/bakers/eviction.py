@@ -3,13 +3,15 @@
 On the trained `gqa-large`, with the kernels of compute/kernels/eviction.py:
 
 - **The sweep.** For every policy (the full cache, random, StreamingLLM with its 4 sinks, StreamingLLM
-  with its sinks evicted, H2O, SnapKV) and every budget (5% to 100% of the prompt): the prompt is
-  prefilled with the full cache, the policy keeps `budget` of its tokens per layer and KV head, and the
-  rest of the sequence is scored against what was kept (`eviction.evaluate`, the setting kvpress
-  measures). On held-out text (prompt = all but the last 64 bytes): bits per byte and top-1 agreement
-  with the full cache. On the recall task (prompt = everything before the questions,
+  with its sinks evicted, H2O as its paper states it, kvpress's observed attention, SnapKV) and every
+  budget (5% to 100% of the prompt): the prompt is prefilled with the full cache, the policy keeps
+  `budget` of its tokens per layer and KV head (kvpress's whole-token count), and the rest of the
+  sequence is scored against what was kept (`eviction.evaluate`, the setting kvpress measures). On
+  held-out text (prompt = all but the last 64 bytes): bits per byte and top-1 agreement with the full
+  cache. On the recall task (prompt = everything before the questions,
   `data.query_start`; the questions come after compression): recall accuracy, the questions' bits per
-  byte and top-1 agreement.
+  byte and top-1 agreement; and why recall goes as it does: the share of the planted SECRET-line tokens each
+  policy keeps, against the lines' share of the prompt and of the questions' attention.
 - **Attention maps.** For one recall sequence: each layer's attention (mean over heads) summed into
   16-token key bins and averaged over 16-query bins; per layer and KV head, the attention each prompt
   token receives from the questions (mean over them) and from the prompt's own queries (summed: H2O's
@@ -42,7 +44,8 @@ MAP_BIN = 16                                   # attention map cells: 16 queries
 SINKS = 4                                      # StreamingLLM's sink tokens (sec. 3.2: four initial tokens)
 DECODE_LENGTH, DECODE_PROMPT, DECODE_BUDGET = 192, 64, 32
 DECODE_H2O_RECENT = DECODE_BUDGET // 2         # H2O splits its budget evenly (sec. 5.1, "Baselines"): 0.5
-DECODE_SNAPKV_WINDOW = 8                       # SnapKV's observation window in the decode simulation
+DECODE_SNAPKV_WINDOW = 8                       # SnapKV's observation window in the decode simulation (kvpress's
+                                               # 64 would be the whole 64-byte prompt, which kvpress refuses)
 DECODE_SEED = 13                               # which held-out text sequence the decode steps through (code
                                                # that repeats itself, so far tokens matter)
 DIGITS = 4
@@ -52,7 +55,7 @@ def policies() -> dict[str, eviction.Policy]:
     """The page's policies, in its order. `no_sinks` is StreamingLLM with its sinks evicted: the window only."""
     return {"full": eviction.FullCache(), "random": eviction.RandomPolicy(),
             "streaming_llm": eviction.StreamingLLM(sinks=SINKS), "no_sinks": eviction.StreamingLLM(sinks=0),
-            "h2o": eviction.H2O(), "snapkv": eviction.SnapKV()}
+            "h2o": eviction.H2O(), "observed": eviction.ObservedAttention(), "snapkv": eviction.SnapKV()}
 
 
 def _r(x: float) -> float:
@@ -85,7 +88,7 @@ def sweep(model, ids, prefix: int, answer_positions=None) -> dict:
                 eviction.evaluate(model, ids, prefix, policy, fraction, answer_positions=answer_positions,
                                   full=(logits, weights))
                 for fraction in BUDGETS]
-        res = {"budget_tokens": [max(1, round(f * prefix)) for f in BUDGETS],
+        res = {"budget_tokens": [eviction.kept_count(prefix, f) for f in BUDGETS],
                "loss_bits": [_bits(r["loss"]) for r in rows],
                "top1": [_r(r["top1_agreement"]) for r in rows]}
         if answer_positions is not None:
@@ -113,11 +116,40 @@ def kept_masks(model, weights, prefix: int, row: int = 0) -> dict:
             continue
         per_budget = []
         for fraction in BUDGETS:
-            budget = max(1, round(fraction * prefix))
+            budget = eviction.kept_count(prefix, fraction)
             _, kept = eviction.masks_for(model, weights, prefix, policy, budget, torch.Generator().manual_seed(0))
             per_budget.append([[_hex(k[row, h]) for h in range(k.shape[1])] for k in kept])
         out[name] = per_budget
     return out
+
+
+def recall_coverage(model, weights, ids, prefix: int) -> dict:
+    """Why recall goes as it does, pooled over every recall sequence, layer and KV head.
+
+    kept: per policy and budget, the share of the planted SECRET-line tokens kept (the masks `evaluate`
+    scores: `masks_for` with the same seeded generator). on_lines: the lines' share of the prompt's tokens,
+    and of the attention the questions pay the prompt with the full cache."""
+    kv_heads, group = eviction.kv_groups(model)
+    b = ids.shape[0]
+    lines = torch.zeros(b, 1, prefix, dtype=torch.bool)
+    for row in range(b):
+        for start, end in needles(ids[row].tolist(), prefix):
+            lines[row, 0, start:end] = True
+    asked = torch.stack([w[:, :, prefix:, :prefix].sum(2) for w in weights])     # [L, B, H, P]
+    on_lines = {"tokens": _r(lines.float().mean().item()),
+                "questions": _r(((asked * lines).sum() / asked.sum()).item())}
+    kept = {}
+    for name, policy in policies().items():
+        if name == "full":
+            continue
+        shares = []
+        for fraction in BUDGETS:
+            budget = eviction.kept_count(prefix, fraction)
+            _, masks = eviction.masks_for(model, weights, prefix, policy, budget, torch.Generator().manual_seed(0))
+            k = torch.stack(masks)                                   # [L, B, Hkv, P]
+            shares.append(_r((k & lines).sum().item() / (lines.sum().item() * k.shape[0] * kv_heads)))
+        kept[name] = shares
+    return {"secret_tokens_kept": kept, "on_lines": on_lines}
 
 
 # ---- attention maps -------------------------------------------------------------------------------
@@ -181,6 +213,8 @@ DECODE_RULES = {
     "no_sinks": "evicts the oldest token (window attention: the sinks go first)",
     "h2o": (f"adds each step's attention to every cached token's running score and evicts the lowest-scored "
             f"token outside the {DECODE_H2O_RECENT} most recent"),
+    "observed": ("adds each step's attention to every cached token's running score and evicts the token with the "
+                 "lowest score per query that has seen it (kvpress's normalisation; no recent window)"),
     "snapkv": (f"keeps the prompt tokens SnapKV chose at the end of the prompt and evicts the oldest of the "
                f"rest (its {DECODE_SNAPKV_WINDOW}-token observation window, then the generated tokens)"),
 }
@@ -204,8 +238,9 @@ def decode(model, ids: torch.Tensor, prompt: int = DECODE_PROMPT, budget: int = 
     hidden states of later layers see the bounded cache too), and the policy evicts one token to get
     back to `budget` (DECODE_RULES). H2O's score starts from the prompt's accumulated attention
     (sec. 4.1, Algorithm 1: accumulated attention, one eviction a step, half the budget for recent
-    tokens); SnapKV selects once at the end of the prompt (sec. 4.1, Listing 1) and never revisits it;
-    StreamingLLM rolls its window past its sinks (sec. 3.2, Figure 4).
+    tokens); observed attention (kvpress's score) evicts greedily too, on the running score divided by the
+    number of queries that have seen each token; SnapKV selects once at the end of the prompt (sec. 4.1,
+    Listing 1) and never revisits it; StreamingLLM rolls its window past its sinks (sec. 3.2, Figure 4).
 
     Returns, per policy (`full` included, which never evicts): per layer and KV head, the prompt tokens
     kept at the end of the prompt (a hex mask) and the position evicted at each step (two hex digits a
@@ -232,14 +267,14 @@ def decode(model, ids: torch.Tensor, prompt: int = DECODE_PROMPT, budget: int = 
     for layer, w in enumerate(weights):
         pre = w[:, :, :prompt, :prompt].reshape(1, kv_heads, group, prompt, prompt).sum(2)
         for r, name in enumerate(names):
-            keep = rules[name].keep(pre, budget, torch.Generator().manual_seed(layer))[0]
+            keep = rules[name].keep(w[:, :, :prompt, :prompt], budget, torch.Generator().manual_seed(layer), group)[0]
             kept[r, layer, :, :prompt] = keep
             for h in range(kv_heads):
                 cut[r][layer][h] = _hex(keep[h])
-            if name == "h2o":
+            if name in ("h2o", "observed"):
                 score[r, layer, :, :prompt] = pre[0].sum(-2)
             if name == "snapkv":
-                window = min(rules[name].window, budget, prompt)
+                window = min(rules[name].window, prompt - 1)
                 protected[r, layer, :, :prompt - window] = keep[:, :prompt - window]
     masks = [torch.ones(rows, c.n_heads, t_all, t_all, dtype=torch.bool) for _ in range(c.n_layers)]
     rng = torch.Generator().manual_seed(0)
@@ -266,7 +301,7 @@ def decode(model, ids: torch.Tensor, prompt: int = DECODE_PROMPT, budget: int = 
                 kept[r, layer, :, t] = True
                 for h in range(kv_heads):
                     cached = kept[r, layer, h, :t + 1]
-                    if name == "h2o":
+                    if name in ("h2o", "observed"):
                         score[r, layer, h, :t + 1] += row[r, h] * cached      # only what it attended to
                     if int(cached.sum()) <= budget:                            # not full yet: nothing to evict
                         continue
@@ -304,6 +339,10 @@ def _victim(name: str, cached: torch.Tensor, t: int, score: torch.Tensor, protec
         candidates = older & (position <= t - recent)
         if candidates.any():
             return torch.where(candidates, score, torch.tensor(math.inf)).argmin().item()
+    elif name == "observed":
+        # Every query from j's entry to t saw cached token j: t − j + 1 of them (kvpress's divisor, P − j).
+        per_query = score / (t - position + 1)
+        return torch.where(older, per_query, torch.tensor(math.inf)).argmin().item()
     elif name == "snapkv":
         candidates = older & ~protected
     else:
@@ -342,14 +381,15 @@ def bake_for(model, seq_len: int = SEQ_LEN, text_sequences: int = TEXT_SEQUENCES
                    "cache_numbers_per_token": c.cache_numbers_per_token(), "seq_len": seq_len},
         "budgets": list(BUDGETS),
         "policies": list(policies()),
-        "settings": {"sinks": SINKS, "h2o_recent_share": eviction.H2O().recent_share,
+        "settings": {"sinks": SINKS, "h2o_recent_share": eviction.H2O().recent_share, "kvpress": "0.5.5",
                      "snapkv_window": eviction.SnapKV().window, "snapkv_kernel": eviction.SnapKV().kernel,
                      "random_seed": 0},
         "text": {"sequences": text_sequences, "prefix": text_prefix, "continuation": seq_len - text_prefix,
                  "full_loss_bits": text_sweep["full_loss_bits"], "results": text_sweep["results"]},
         "recall": {"sequences": recall_sequences, "prefix": recall_prefix, "answer_bytes": int(pos.numel()),
                    "chance": _r(1 / len(data.VALUE_BYTES)), "full_loss_bits": recall_sweep["full_loss_bits"],
-                   "results": recall_sweep["results"]},
+                   "results": recall_sweep["results"],
+                   "coverage": recall_coverage(model, weights, ids, recall_prefix)},
         "shown": {"row": 0, "chars": display_chars(shown), "prefix": recall_prefix, "needles": needles(shown,
                                                                                                      recall_prefix),
                   "answers": pos[0].tolist(), "map_bin": MAP_BIN,

@@ -5,11 +5,20 @@ the policy then keeps `budget` of the prefix's tokens per KV head, and the conti
 against what was kept. Policies score tokens from the prefill's own attention weights:
 
 - StreamingLLM (Xiao et al., ICLR 2024, sec. 3): the first few "sink" tokens plus a recent window.
-- H2O (Zhang et al., NeurIPS 2023, sec. 3): the tokens with the most accumulated attention
-  ("heavy hitters") plus a recent window.
-- SnapKV (Li et al., 2024, sec. 4): attention from an observation window at the end of the prompt,
-  pooled over neighbouring positions, plus the window itself.
+  Keeps the same tokens as kvpress's `StreamingLLMPress` (tests/compute/test_kvpress_parity.py).
+- H2O as its paper states it (Zhang et al., NeurIPS 2023, sec. 3 and 4.1): the tokens with the most
+  accumulated attention ("heavy hitters") plus a recent window. Not a kvpress press.
+- Observed attention as kvpress's `ObservedAttentionPress` scores it (presses/observed_attention_press.py):
+  attention received, divided by the number of queries that see each token, no recent window. Related to
+  H2O but a different rule: the division lifts late tokens, which few queries can see.
+- SnapKV as kvpress's `SnapKVPress` (presses/snapkv_press.py) and the SnapKV reference code (Li et al.,
+  NeurIPS 2024, sec. 4.1 and Listing 1): the mean attention from an observation window of the last 64
+  prompt tokens, average-pooled over 5 neighbouring positions, averaged over each KV head's query heads,
+  plus the window itself.
 - random, and the full cache as the reference.
+
+The kept counts are kvpress's (`utils.compute_n_kept`): whole tokens, max(1, floor(P × (1 − compression
+ratio))) with compression ratio = 1 − the budget fraction, computed in floating point as kvpress does.
 """
 from __future__ import annotations
 
@@ -20,23 +29,35 @@ import torch
 import torch.nn.functional as F
 
 
+def kept_count(prompt: int, budget_fraction: float) -> int:
+    """Whole tokens kept of a `prompt`-token prefix: kvpress's compute_n_kept(prompt, 1 − budget_fraction).
+
+    kvpress floors (int) rather than rounds, and its 1 − (1 − f) is a float: 10% of 450 keeps 44, not 45."""
+    compression_ratio = 1 - budget_fraction
+    if compression_ratio >= 1:
+        return 0
+    return max(1, int(prompt * (1 - compression_ratio)))
+
+
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """Chooses which prefix tokens each KV head keeps. Subclasses define `scores`."""
     name = "policy"
 
-    def keep(self, weights: torch.Tensor, budget: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """weights: [B, Hkv, P, P] prefill attention, summed over each KV head's query heads.
+    def keep(self, weights: torch.Tensor, budget: int, generator: torch.Generator | None = None,
+             group: int = 1) -> torch.Tensor:
+        """weights: [B, H, P, P] prefill attention of H = KV heads × `group` query heads (group=1: already one
+        map per KV head).
 
-        Returns a bool mask [B, Hkv, P] with exactly min(budget, P) True per row.
-        """
+        Returns a bool mask [B, H // group, P] with exactly min(budget, P) True per row: the top `budget`
+        scores, by torch.topk as kvpress's ScorerPress takes them (so ties fall the same way)."""
         b, h, p, _ = weights.shape
         budget = min(budget, p)
-        scores = self.scores(weights, budget, generator)
+        scores = self.scores(weights, group, budget, generator)
         top = scores.topk(budget, dim=-1).indices
-        return torch.zeros(b, h, p, dtype=torch.bool, device=weights.device).scatter_(-1, top, True)
+        return torch.zeros(b, h // group, p, dtype=torch.bool, device=weights.device).scatter_(-1, top, True)
 
-    def scores(self, weights, budget, generator):
+    def scores(self, weights, group, budget, generator):
         raise NotImplementedError
 
 
@@ -48,62 +69,97 @@ def _recent(p: int, n: int, device) -> torch.Tensor:
     return s
 
 
+def _per_kv_head_sum(weights: torch.Tensor, group: int) -> torch.Tensor:
+    """[B, H, P, P] -> [B, H // group, P, P]: each KV head's query heads summed."""
+    b, h, p, q = weights.shape
+    return weights.reshape(b, h // group, group, p, q).sum(2)
+
+
 @dataclasses.dataclass(frozen=True)
 class FullCache(Policy):
     name = "full"
 
-    def keep(self, weights, budget, generator=None):
+    def keep(self, weights, budget, generator=None, group=1):
         b, h, p, _ = weights.shape
-        return torch.ones(b, h, p, dtype=torch.bool, device=weights.device)
+        return torch.ones(b, h // group, p, dtype=torch.bool, device=weights.device)
 
 
 @dataclasses.dataclass(frozen=True)
 class RandomPolicy(Policy):
+    """Uniform scores from one seeded generator that runs on across layers (kvpress's RandomPress(seed)
+    re-seeds in every layer, so it drops the same positions in each)."""
     name = "random"
 
-    def scores(self, weights, budget, generator):
-        return torch.rand(weights.shape[:3], generator=generator).to(weights.device)
+    def scores(self, weights, group, budget, generator):
+        b, h, p, _ = weights.shape
+        return torch.rand((b, h // group, p), generator=generator).to(weights.device)
 
 
 @dataclasses.dataclass(frozen=True)
 class StreamingLLM(Policy):
+    """kvpress StreamingLLMPress(n_sink=sinks): the first `sinks` tokens and the most recent rest. Where the
+    budget is below the sinks (kvpress then leaves the choice among its sinks to topk), the first ones."""
     sinks: int = 4
     name = "streaming_llm"
 
-    def scores(self, weights, budget, generator):
-        p = weights.shape[-1]
+    def scores(self, weights, group, budget, generator):
+        b, h, p, _ = weights.shape
         position = torch.arange(p, device=weights.device, dtype=torch.float32)
         # Sinks first, then the most recent tokens: a score that rises with position, sinks on top.
-        return torch.where(position < min(self.sinks, budget), math.inf, position).expand(weights.shape[:3])
+        return torch.where(position < min(self.sinks, budget), math.inf, position).expand(b, h // group, p)
 
 
 @dataclasses.dataclass(frozen=True)
 class H2O(Policy):
+    """H2O as its paper states it: attention accumulated over all the prompt's queries (summed, not
+    normalised), plus the most recent `recent_share` of the budget (sec. 5.1 splits it evenly)."""
     recent_share: float = 0.5
     name = "h2o"
 
-    def scores(self, weights, budget, generator):
+    def scores(self, weights, group, budget, generator):
         p = weights.shape[-1]
-        accumulated = weights.sum(dim=-2)                     # attention each key received, over all queries
+        accumulated = _per_kv_head_sum(weights, group).sum(dim=-2)   # attention each key received
         return accumulated + _recent(p, int(budget * self.recent_share), weights.device)
 
 
 @dataclasses.dataclass(frozen=True)
+class ObservedAttention(Policy):
+    """kvpress ObservedAttentionPress: the attention a key received divided by the number of queries that
+    see it (P − j for key j), averaged over the KV head's query heads; no recent window. The same
+    operations in the same order as the press, so the scores are bit-identical on the same maps."""
+    name = "observed"
+
+    def scores(self, weights, group, budget, generator):
+        b, h, p, _ = weights.shape
+        seen_by = torch.arange(p, 0, -1).to(weights.device, weights.dtype)
+        return (weights.sum(2) / seen_by).view(b, h // group, group, p).mean(2)
+
+
+@dataclasses.dataclass(frozen=True)
 class SnapKV(Policy):
-    window: int = 32
-    kernel: int = 7
+    """kvpress SnapKVPress(window_size=window, kernel_size=kernel), defaults as kvpress's: the mean attention
+    from the last `window` prompt queries to each earlier key, average-pooled over `kernel` neighbours
+    (zero padded, as F.avg_pool1d), averaged over each KV head's query heads, the window itself on top.
+
+    Below the window the budget goes to window tokens only, all tied at the top; torch.topk picks among
+    them as in kvpress. kvpress refuses a prompt no longer than the window; here the window shrinks to P − 1."""
+    window: int = 64
+    kernel: int = 5
     name = "snapkv"
 
-    def scores(self, weights, budget, generator):
-        p = weights.shape[-1]
-        window = min(self.window, budget, p)
-        observed = weights[..., p - window:, :].sum(dim=-2)  # what the last prompt tokens attend to
-        b, h, _ = observed.shape
-        pooled = F.max_pool1d(observed.reshape(b * h, 1, p), self.kernel, stride=1, padding=self.kernel // 2)
-        return pooled.reshape(b, h, p) + _recent(p, window, weights.device)
+    def scores(self, weights, group, budget, generator):
+        b, h, p, _ = weights.shape
+        window = min(self.window, p - 1)
+        if window <= 0:
+            return torch.zeros(b, h // group, p, device=weights.device)
+        observed = weights[..., -window:, :-window].mean(dim=-2)          # [B, H, P − window]
+        pooled = F.avg_pool1d(observed, kernel_size=self.kernel, padding=self.kernel // 2, stride=1)
+        per_kv = pooled.view(b, h // group, group, p - window).mean(2)
+        return F.pad(per_kv, (0, window), value=per_kv.max().item() + 1)
 
 
-POLICIES: dict[str, Policy] = {p.name: p for p in (FullCache(), RandomPolicy(), StreamingLLM(), H2O(), SnapKV())}
+POLICIES: dict[str, Policy] = {p.name: p for p in (FullCache(), RandomPolicy(), StreamingLLM(), H2O(),
+                                                    ObservedAttention(), SnapKV())}
 
 
 def kv_groups(model) -> tuple[int, int]:
@@ -115,12 +171,11 @@ def kv_groups(model) -> tuple[int, int]:
 def masks_for(model, weights: list[torch.Tensor], prefix: int, policy: Policy, budget: int,
               generator: torch.Generator | None = None):
     """Per-layer attention masks [B, H, T, T]: continuation queries see only the kept prefix tokens."""
-    kv_heads, group = kv_groups(model)
+    _, group = kv_groups(model)
     masks, kept = [], []
     for w in weights:
         b, h, t, _ = w.shape
-        pre = w[:, :, :prefix, :prefix].reshape(b, kv_heads, group, prefix, prefix).sum(2)
-        keep = policy.keep(pre, budget, generator)                          # [B, Hkv, P]
+        keep = policy.keep(w[:, :, :prefix, :prefix], budget, generator, group)   # [B, Hkv, P]
         kept.append(keep)
         mask = torch.ones(b, h, t, t, dtype=torch.bool, device=w.device)
         mask[:, :, prefix:, :prefix] = keep.repeat_interleave(group, 1)[:, :, None, :]
@@ -138,7 +193,7 @@ def evaluate(model, ids: torch.Tensor, prefix: int, policy: Policy, budget_fract
     full: optional (logits, weights) of `model(ids, need_weights=True)` already computed, so a sweep over
     policies and budgets on the same ids runs the full-cache forward once.
     """
-    budget = max(1, round(budget_fraction * prefix))
+    budget = kept_count(prefix, budget_fraction)
     full_logits, weights = full if full is not None else model(ids, need_weights=True)[:2]
     generator = torch.Generator().manual_seed(seed)
     masks, kept = masks_for(model, weights, prefix, policy, budget, generator)

@@ -19,19 +19,22 @@ from ..core.params import ParamError, Params, choice, integer, number
 from ..core.units import bytes_si, thousands
 
 SLUG = "eviction"
-POLICIES = ("full", "random", "streaming_llm", "no_sinks", "h2o", "snapkv")
+POLICIES = ("full", "random", "streaming_llm", "no_sinks", "h2o", "observed", "snapkv")
 TITLES = {
     "full": "full cache",
     "random": "random",
-    "streaming_llm": "StreamingLLM (4 sinks + recent)",
+    "streaming_llm": "StreamingLLM (4 sinks + recent; as kvpress's StreamingLLMPress)",
     "no_sinks": "StreamingLLM, sinks evicted (recent only)",
-    "h2o": "H2O (heavy hitters + recent)",
-    "snapkv": "SnapKV (what the prompt's end attends to)",
+    "h2o": "H2O, as its paper states it (heavy hitters + recent)",
+    "observed": "observed attention, as kvpress's ObservedAttentionPress (no recent window)",
+    "snapkv": "SnapKV (what the prompt's end attends to; as kvpress's SnapKVPress)",
 }
 SHORT = {"full": "full cache", "random": "random", "streaming_llm": "StreamingLLM", "no_sinks": "no sinks",
-         "h2o": "H2O", "snapkv": "SnapKV"}
+         "h2o": "H2O (paper)", "observed": "observed (kvpress)", "snapkv": "SnapKV"}
 PROSE = {"full": "the full cache", "random": "random eviction", "streaming_llm": "StreamingLLM",
-         "no_sinks": "StreamingLLM without its sinks", "h2o": "H2O", "snapkv": "SnapKV"}
+         "no_sinks": "StreamingLLM without its sinks", "h2o": "H2O (as its paper states it)",
+         "observed": "kvpress's observed attention", "snapkv": "SnapKV"}
+RULES = ("streaming_llm", "no_sinks", "h2o", "observed", "snapkv")     # the policies that choose by a rule
 LAYERS, KV_HEADS = 4, 2          # gqa-large (compute/lm/train.py CONFIGS; a test checks the baked config)
 BYTES_PER_NUMBER = 2             # the cache in bf16, as the kernel counts its bytes
 SINK_TOKENS = 4
@@ -73,8 +76,10 @@ def snapped(budget: float) -> int:
 
 
 def budget_tokens(fraction: float, prompt: int) -> int:
-    """The kernel's rule (compute/kernels/eviction.py evaluate): max(1, round(fraction × prompt))."""
-    return max(1, round(fraction * prompt))
+    """The kernel's rule (compute/kernels/eviction.py kept_count), which is kvpress's compute_n_kept with
+    compression ratio 1 − fraction: whole tokens, floored, at least one; 1 − (1 − f) in floating point."""
+    compression_ratio = 1 - fraction
+    return max(1, int(prompt * (1 - compression_ratio)))
 
 
 def unhex(mask: str, n: int) -> list[bool]:
@@ -415,23 +420,62 @@ def decode_html(chars: str, now: list[int], k: int, prompt: int, victim: int | N
 def rule_text(p: EvictionParams) -> str:
     d = data()
     s = d["settings"]
+    i = snapped(p.budget)
+    pct = budget_percents()[i]
     rules = {
         "full": "Keeps every prompt token: the reference every other policy is scored against.",
-        "random": f"Keeps a uniformly random {budget_percents()[snapped(p.budget)]}% of the prompt per layer and KV "
-                  f"head (seeded, seed "
-                  f"{s['random_seed']}): the floor a policy must beat.",
+        "random": f"Keeps a uniformly random {pct}% of the prompt per layer and KV head (seeded, seed "
+                  f"{s['random_seed']}): the baseline a scoring rule has to beat to be worth computing. "
+                  + random_verdict(i),
         "streaming_llm": f"Keeps the first {s['sinks']} tokens (the attention sinks) and the most recent ones "
-                         "(Xiao et al., ICLR 2024, sec. 3.2).",
+                         f"(Xiao et al., ICLR 2024, sec. 3.2); the same tokens as kvpress's StreamingLLMPress.",
         "no_sinks": "StreamingLLM with its sinks evicted: only the most recent tokens, i.e. window attention "
                     "(Xiao et al., sec. 3.1 and Table 2: window attention fails once the first tokens go).",
-        "h2o": f"Keeps the tokens with the most attention accumulated over all the prompt's queries (the heavy "
-               f"hitters), plus the most recent {s['h2o_recent_share']:.0%} of the budget (Zhang et al., "
-               "NeurIPS 2023, sec. 3.2 and 4.1).",
+        "h2o": f"Keeps the tokens with the most attention summed over all the prompt's queries (the heavy "
+               f"hitters), plus the most recent {s['h2o_recent_share']:.0%} of the budget, as the H2O paper states "
+               "it (Zhang et al., NeurIPS 2023, sec. 3.2 and 4.1). Not kvpress's ObservedAttentionPress, which "
+               "divides by the number of queries and keeps no recent window: that is the next policy.",
+        "observed": "Keeps the tokens with the highest attention per query that sees them (the sum over the "
+                    "prompt's queries divided by how many of them come after the token), averaged over each KV "
+                    "head's query heads, with no recent window: kvpress's ObservedAttentionPress "
+                    "(presses/observed_attention_press.py), which cites H2O but is a different rule.",
         "snapkv": f"Keeps the tokens the prompt's last {s['snapkv_window']} queries (its observation window) "
-                  f"attend to most, max-pooled over {s['snapkv_kernel']} neighbours, plus the window itself "
-                  "(Li et al., NeurIPS 2024, sec. 4.1 and 4.3).",
+                  f"attend to most, average-pooled over {s['snapkv_kernel']} neighbours, plus the window itself "
+                  "(Li et al., NeurIPS 2024, sec. 4 and Listing 1); kvpress's SnapKVPress and its defaults. "
+                  + (f"At {pct}% the budget is smaller than the window, so only window tokens are kept, and which "
+                     "of them (all tie on top) is torch.topk's pick, as in kvpress."
+                     if d["recall"]["results"]["snapkv"]["budget_tokens"][i] < s["snapkv_window"] else ""),
     }
     return f"<b>{TITLES[p.policy]}.</b> {rules[p.policy]}"
+
+
+def _listed(items: list[str]) -> str:
+    """a, b and c."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _at(pcts: list[int]) -> str:
+    return _listed([str(x) for x in pcts]) + "%"
+
+
+def random_verdict(i: int) -> str:
+    """Which rules random eviction beats at budget index i, on recall and on text, from the baked numbers."""
+    d = data()
+    pct = budget_percents()[i]
+    if d["budgets"][i] >= 1.0:
+        return "At 100% every policy keeps every token."
+    rec, txt = d["recall"]["results"], d["text"]["results"]
+    beaten = [SHORT[n] for n in RULES if rec["random"]["recall_byte_acc"][i] > rec[n]["recall_byte_acc"][i]]
+    losing = [SHORT[n] for n in RULES if txt["random"]["loss_bits"][i] < txt[n]["loss_bits"][i]]
+    out = (f"At {pct}% on this model it recalls more answer bytes than {_listed(beaten)}" if beaten else
+           f"At {pct}% on this model every rule recalls at least as many answer bytes as it does")
+    out += (f"; on held-out text its loss is lower than {_listed(losing)}'s." if losing else
+            "; on held-out text every rule has a lower loss.")
+    return out
+
+
+def _sub(n: int) -> str:
+    return str(n).translate(str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉"))
 
 
 def formula(p: EvictionParams, r: dict) -> list[dict]:
@@ -449,18 +493,26 @@ def formula(p: EvictionParams, r: dict) -> list[dict]:
                           f"4 + {max(0, r['recall_budget_tokens'] - 4)} of {r['recall_prompt_tokens']}"),
         "no_sinks": ("the most recent budget tokens", f"the last {r['recall_budget_tokens']} of "
                                                       f"{r['recall_prompt_tokens']}"),
-        "h2o": ("top budget by score_j = Σ over prompt queries q of a_qj, the last budget × 0.5 forced in",
+        "h2o": ("top budget by score_j = Σ over prompt queries q, over the KV head's query heads, of a_qj; the "
+                "last ⌊budget × 0.5⌋ forced in",
                 f"{r['recall_budget_tokens'] - int(r['recall_budget_tokens'] * s['h2o_recent_share'])} heavy hitters + "
                 f"{int(r['recall_budget_tokens'] * s['h2o_recent_share'])} recent of {r['recall_prompt_tokens']}"),
-        "snapkv": ("top budget by maxpool₇(Σ over the last w queries q of a_qj), the window w = min(32, budget) "
-                   "forced in",
-                   f"{max(0, r['recall_budget_tokens'] - min(s['snapkv_window'], r['recall_budget_tokens']))} voted + "
+        "observed": ("top budget by score_j = mean over the KV head's query heads of (Σ over prompt queries q of "
+                     "a_qj) ÷ (P − j), P the prompt's tokens: the queries that see token j",
+                     f"{r['recall_budget_tokens']} by score of {r['recall_prompt_tokens']}, no recent window"),
+        "snapkv": (f"top budget by mean over the KV head's query heads of avgpool{_sub(s['snapkv_kernel'])}(mean over "
+                   f"the last w = {s['snapkv_window']} queries q of a_qj); the window's w tokens forced in (tied on "
+                   "top when the budget is smaller)",
+                   f"{max(0, r['recall_budget_tokens'] - s['snapkv_window'])} voted + "
                    f"{min(s['snapkv_window'], r['recall_budget_tokens'])} window of {r['recall_prompt_tokens']}"),
     }[p.policy]
     lines = [
-        {"name": "Budget", "formula": "max(1, round(fraction × prompt tokens))",
-         "substituted": f"round({f:g} × {r['recall_prompt_tokens']}) (recall prompt); round({f:g} × "
-                        f"{r['text_prompt_tokens']}) (text prompt)",
+        {"name": "Budget", "formula": "max(1, ⌊prompt tokens × (1 − compression ratio)⌋), compression ratio = "
+                                      "1 − fraction (kvpress's compute_n_kept: whole tokens, floored)",
+         "substituted": f"⌊{r['recall_prompt_tokens']} × (1 − {1 - f:g})⌋ = "
+                        f"⌊{r['recall_prompt_tokens'] * (1 - (1 - f)):.6g}⌋ (recall prompt); "
+                        f"⌊{r['text_prompt_tokens']} × (1 − {1 - f:g})⌋ = ⌊{r['text_prompt_tokens'] * (1 - (1 - f)):.6g}⌋ "
+                        "(text prompt)",
          "result": f"{r['recall_budget_tokens']} and {r['text_budget_tokens']} tokens per layer and KV head"
                    + (f" ({p.budget:g}% snapped to {r['budget_percent']}%)" if r["snapped"] else "")},
         {"name": "Which tokens", "formula": which[0], "substituted": which[1],
@@ -568,7 +620,53 @@ def findings(p: EvictionParams) -> str:
                      f"chance being {chance:.1%}." if br < full_recall / 2 else
                      f"the best policy, {PROSE[best_recall]}, keeps {br:.1%}."))
     out.append(words)
+    out.append(against_random())
+    out.append(why_recall(lo if lo + 1 >= len(pcts) else lo + 1))
     return " ".join(out)
+
+
+def against_random() -> str:
+    """Where each rule does better or worse than random eviction, on text and on recall, from the baked numbers."""
+    d = data()
+    pcts = budget_percents()
+    below = [i for i, f in enumerate(d["budgets"]) if f < 1.0]
+    rec, txt = d["recall"]["results"], d["text"]["results"]
+    on_text = {n: [pcts[i] for i in below if txt[n]["loss_bits"][i] > txt["random"]["loss_bits"][i]] for n in RULES}
+    on_recall = {n: [pcts[i] for i in below if rec[n]["recall_byte_acc"][i] < rec["random"]["recall_byte_acc"][i]]
+                 for n in RULES}
+    worse_text = [f"{SHORT[n]} at {_at(v)}" for n, v in on_text.items() if v]
+    worse_recall = [f"{SHORT[n]} at {_at(v)}" for n, v in on_recall.items() if v]
+    out = "<b>Random against the rules.</b> On held-out text "
+    out += (f"random eviction has a lower loss than {_listed(worse_text)}; every other rule beats it. "
+            if worse_text else f"every rule has a lower loss than random eviction at every budget below 100%. ")
+    out += ("On recall, random eviction recalls more answer bytes than " + _listed(worse_recall) + ": "
+            "on this task it is not a floor the rules stay above." if worse_recall else
+            "On recall, every rule recalls at least as many answer bytes as random eviction at every budget.")
+    return out
+
+
+def why_recall(i: int) -> str:
+    """Why recall goes as it does (the baker's recall_coverage): which share of the planted lines each policy
+    keeps, against the lines' share of the prompt and of the questions' attention."""
+    d = data()
+    cov = d["recall"]["coverage"]
+    kept, lines = cov["secret_tokens_kept"], cov["on_lines"]
+    pct = budget_percents()[i]
+    rules = sorted(RULES, key=lambda n: -kept[n][i])
+    fewer = [n for n in rules if kept[n][i] < kept["random"][i]]
+    out = (f"<b>Why.</b> Recall needs the {len(d['shown']['needles'])} planted SECRET lines, wherever they sit in "
+           f"the prompt: they are "
+           f"{lines['tokens']:.0%} of its tokens and draw {lines['questions']:.0%} of the attention the questions "
+           f"pay it with the full cache (all layers). Random eviction keeps every token with the same chance, so at "
+           f"{pct}% it keeps {kept['random'][i]:.0%} of the lines' tokens (over every sequence, layer and KV head). ")
+    if fewer:
+        out += ("The rules choose by what the prompt's own queries attend to (H2O and observed attention: all of "
+                "them; SnapKV: its last ones) or by position (StreamingLLM: the start and the end), and that is not "
+                "where a later question looks: at the same budget " + _listed(
+                    [f"{SHORT[n]} keeps {kept[n][i]:.0%}" for n in fewer]) + ".")
+    else:
+        out += "At this budget every rule keeps at least as many of the lines' tokens as random does."
+    return out
 
 
 # ---- "run it here": the real kernel on the compute server ----------------------------------------------

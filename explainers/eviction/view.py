@@ -13,8 +13,8 @@ from kvx.explainers.eviction.model import POLICIES, SHORT, data
 from kvx.site import widgets
 
 COLORS = {"full": "#111827", "random": "#9ca3af", "streaming_llm": "#2563eb", "no_sinks": "#93c5fd",
-          "h2o": "#dc2626", "snapkv": "#059669"}
-DASH = {"no_sinks": "dashed", "random": "dotted"}
+          "h2o": "#dc2626", "observed": "#f97316", "snapkv": "#059669"}
+DASH = {"no_sinks": "dashed", "random": "dotted", "observed": "dashed"}
 STATES = CategoricalColorMapper(factors=["kept", "evicted"], palette=["#16a34a", "#d1d5db"])
 
 

@@ -50,16 +50,41 @@ def test_at_100_percent_every_policy_is_the_full_cache(tiny, name):
 
 
 def test_sweep_shape_and_invariants(baked):
-    assert baked["policies"] == ["full", "random", "streaming_llm", "no_sinks", "h2o", "snapkv"]
+    assert baked["policies"] == ["full", "random", "streaming_llm", "no_sinks", "h2o", "observed", "snapkv"]
     for task in ("text", "recall"):
         prefix = baked[task]["prefix"]
         for name, r in baked[task]["results"].items():
-            assert r["budget_tokens"] == [max(1, round(f * prefix)) for f in baker.BUDGETS]
+            assert r["budget_tokens"] == [max(1, int(prefix * (1 - (1 - f)))) for f in baker.BUDGETS]
             assert r["loss_bits"][-1] == baked[task]["results"]["full"]["loss_bits"][0]
             assert r["top1"][-1] == 1.0 and all(0 <= x <= 1 for x in r["top1"])
         assert set(baked[task]["results"]["full"]["top1"]) == {1.0}
     assert baked["recall"]["answer_bytes"] == 2 * 24
     json.dumps(baked, allow_nan=False)
+
+
+@pytest.mark.parametrize("prompt", [1, 5, 21, 100, 167, 423, 448, 450, 511])
+def test_the_page_counts_kept_tokens_as_the_kernel_does(prompt):
+    from kvx.explainers.eviction import model
+    for fraction in (0.01, 0.05, 0.1, 0.2, 0.3, 0.35, 0.5, 0.7, 0.9, 1.0):
+        n = eviction.kept_count(prompt, fraction)
+        assert model.budget_tokens(fraction, prompt) == n and isinstance(n, int) and 1 <= n <= prompt
+
+
+def test_recall_coverage_counts_the_secret_lines(tiny, baked):
+    """The why-numbers: StreamingLLM without sinks keeps exactly the lines' tokens in its recent window (the
+    same count in every layer and head), every policy keeps all of them at 100%, and the shares are shares."""
+    ids, pos = data.recall_set(2, LENGTH)
+    prefix = baked["recall"]["prefix"]
+    lines = [[j for s, e in baker.needles(ids[r].tolist(), prefix) for j in range(s, e)] for r in range(2)]
+    cov = baked["recall"]["coverage"]
+    assert cov["on_lines"]["tokens"] == pytest.approx(sum(map(len, lines)) / (2 * prefix), rel=1e-3)
+    assert 0 <= cov["on_lines"]["questions"] <= 1
+    for i, f in enumerate(baker.BUDGETS):
+        b = eviction.kept_count(prefix, f)
+        recent = sum(j >= prefix - b for row in lines for j in row) / sum(map(len, lines))
+        assert cov["secret_tokens_kept"]["no_sinks"][i] == pytest.approx(recent, rel=1e-3, abs=1e-6)
+    for name, shares in cov["secret_tokens_kept"].items():
+        assert shares[-1] == 1.0 and all(0 <= x <= 1 for x in shares), name
 
 
 def test_kept_masks_hold_the_budget(baked):
@@ -69,7 +94,7 @@ def test_kept_masks_hold_the_budget(baked):
             for heads in layers:
                 for mask in heads:
                     bits = "".join(f"{int(c, 16):04b}" for c in mask)[:prefix]
-                    assert bits.count("1") == max(1, round(f * prefix)), (name, f)
+                    assert bits.count("1") == max(1, int(prefix * (1 - (1 - f)))), (name, f)
                     if name == "streaming_llm" and f < 1:
                         assert bits.startswith("1111")
 

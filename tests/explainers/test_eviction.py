@@ -107,8 +107,11 @@ def test_kept_masks_keep_exactly_the_budget_and_follow_the_rules():
                         assert where == list(range(prefix - b, prefix))
                     if name == "h2o" and f < 1:                  # the recent half is always in
                         assert set(range(prefix - int(b * 0.5), prefix)) <= set(where)
-                    if name == "snapkv" and f < 1:               # the observation window is always in
-                        assert set(range(prefix - min(32, b), prefix)) <= set(where)
+                    window = D["settings"]["snapkv_window"]
+                    if name == "snapkv" and f < 1 and b >= window:   # the observation window is always in
+                        assert set(range(prefix - window, prefix)) <= set(where)
+                    if name == "snapkv" and b < window:              # below it, only window tokens
+                        assert min(where) >= prefix - window
 
 
 def test_hex_masks_and_runs():
@@ -223,6 +226,72 @@ def test_findings_quote_the_baked_numbers():
     assert m.provenance_label().startswith(f"measured on {D['provenance']['device']} with torch")
 
 
+def test_random_against_the_rules_is_worded_from_the_numbers():
+    """Every rule and budget where random eviction recalls more (or has the lower text loss) is named, and
+    nothing else; the page does not call random a floor where its own numbers say otherwise."""
+    words = m.against_random()
+    pcts = m.budget_percents()
+    rec, txt = D["recall"]["results"], D["text"]["results"]
+    for name in m.RULES:
+        wins = [pcts[i] for i, f in enumerate(D["budgets"])
+                if f < 1 and rec["random"]["recall_byte_acc"][i] > rec[name]["recall_byte_acc"][i]]
+        if wins:
+            assert f"{m.SHORT[name]} at {m._at(wins)}" in words, name
+        else:
+            assert f"{m.SHORT[name]} at" not in words.split("On recall")[1], name
+        loses = [pcts[i] for i, f in enumerate(D["budgets"])
+                 if f < 1 and txt[name]["loss_bits"][i] > txt["random"]["loss_bits"][i]]
+        text_part = words.split("On recall")[0]
+        assert (f"{m.SHORT[name]} at {m._at(loses)}" in text_part) if loses else f"{m.SHORT[name]} at" not in text_part
+    assert "floor every rule" not in PAGE and "floor every rule" not in m.findings(P())
+    assert ("not a floor" in words) == any(f"{m.SHORT[n]} at" in words.split("On recall")[1] for n in m.RULES)
+
+
+def test_the_words_follow_a_rebake(monkeypatch):
+    """With numbers where random never wins, the same code says so: the sentences are not typed in."""
+    import copy
+    d = copy.deepcopy(D)
+    for name in m.RULES:
+        d["recall"]["results"][name]["recall_byte_acc"] = [1.0] * len(d["budgets"])
+        d["recall"]["coverage"]["secret_tokens_kept"][name] = [1.0] * len(d["budgets"])
+    monkeypatch.setattr(m, "data", lambda: d)
+    assert "every rule recalls at least as many answer bytes as random eviction" in m.against_random()
+    assert "every rule keeps at least as many of the lines' tokens" in m.why_recall(2)
+    assert "every rule recalls at least as many answer bytes" in m.rule_text(P(policy="random", budget=20))
+
+
+def test_why_quotes_the_secret_line_shares():
+    i = idx(20)
+    cov = D["recall"]["coverage"]
+    words = m.why_recall(i)
+    assert f"keeps {cov['secret_tokens_kept']['random'][i]:.0%} of the lines' tokens" in words
+    assert f"{cov['on_lines']['tokens']:.0%} of its tokens" in words
+    assert f"{cov['on_lines']['questions']:.0%} of the attention the questions" in words
+    for name in m.RULES:
+        share = cov["secret_tokens_kept"][name][i]
+        if share < cov["secret_tokens_kept"]["random"][i]:
+            assert f"{m.SHORT[name]} keeps {share:.0%}" in words
+    # random keeps about its budget of the lines, by construction (8 sequences × 4 layers × 2 heads)
+    assert abs(cov["secret_tokens_kept"]["random"][i] - D["budgets"][i]) < 0.03
+
+
+def test_h2o_and_observed_attention_are_two_policies_with_two_names():
+    assert m.TITLES["h2o"] != m.TITLES["observed"] and "paper" in m.TITLES["h2o"]
+    assert "ObservedAttentionPress" in m.TITLES["observed"] and "H2O" not in m.TITLES["observed"]
+    assert "not kvpress's ObservedAttentionPress" in m.rule_text(P(policy="h2o")).replace("Not", "not")
+    assert "different rule" in m.rule_text(P(policy="observed"))
+    r = D["recall"]["results"]
+    assert r["h2o"] != r["observed"]
+    assert D["shown"]["kept"]["h2o"] != D["shown"]["kept"]["observed"]
+
+
+def test_the_page_states_its_differences_from_kvpress():
+    section = PAGE.split("### Where this page and kvpress differ")[1].split("###")[0]
+    for words in ("StreamingLLMPress", "ObservedAttentionPress", "SnapKVPress", "RandomPress", "H2O",
+                  "test_kvpress_parity.py"):
+        assert words in section
+
+
 def test_run_request_asks_for_the_baked_setting():
     assert m.run_request(P(policy="no_sinks", budget=12)) == {
         "model": "gqa-large", "policy": "streaming_llm", "budget_fraction": 0.1, "task": "recall",
@@ -251,7 +320,7 @@ def test_describe_run_compares_with_the_baked_sweep():
     ({"layer": "4"}, "layer", "layer must be between 0 and 3 layer; got 4."),
     ({"layer": "1.5"}, "layer", "layer must be a whole number between 0 and 3 layer; got 1.5."),
     ({"kv_head": "2"}, "kv_head", "kv_head must be between 0 and 1 KV head; got 2."),
-    ({"policy": "lru"}, "policy", "policy must be one of full, random, streaming_llm, no_sinks, h2o, snapkv; got 'lru'."),
+    ({"policy": "lru"}, "policy", "policy must be one of full, random, streaming_llm, no_sinks, h2o, observed, snapkv; got 'lru'."),
 ])
 def test_bad_input_is_one_sentence(values, field, message):
     with pytest.raises(ParamError) as err:
