@@ -1,13 +1,21 @@
 """The kernel endpoints: validated input, cost limits, caching, a bounded queue, progress, faults."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
+from kvx.compute import kernel_specs
 from kvx.compute.app import create_app
+from kvx.compute.kernels import paged
+from kvx.compute.lm.train import CHECKPOINTS
 from kvx.compute.jobs import JobRunner, QueueFull
 from kvx.compute.settings import Settings
 
@@ -78,7 +86,7 @@ def test_unknown_job_is_a_404(client):
 
 
 def test_runner_bounds_the_queue_and_reports_progress():
-    runner = JobRunner(workers=1, queue=1)
+    runner = JobRunner(workers=1, queue=1, processes=False)    # in threads: the job waits on this process's Event
     release = threading.Event()
 
     def slow(params, progress):
@@ -144,3 +152,85 @@ def test_quantization_words_a_measurement_from_the_server(client):
     reply = post_and_wait(client, "/api/v1/kernels/decode", {**request, "repeats": 1})
     text = describe_run(p, reply)
     assert text.startswith("Measured on") and "The cache was 68% of the bytes" in text
+
+
+# ---- memory-aware admission -------------------------------------------------------------------------------
+PROBE = Path(__file__).with_name("memory_probe.py")
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's peak-RSS reset")
+@pytest.mark.parametrize("kernel,body,warm", [
+    ("paged", {"context": 4096, "batch": 8, "repeats": 1}, {"context": 8, "repeats": 1}),
+    ("paged", {"context": 16384, "batch": 8, "kv_heads": 8, "repeats": 1}, {"context": 8, "repeats": 1}),
+    ("mla", {"context": 32768, "batch": 2, "repeats": 1}, {"context": 8, "repeats": 1}),
+    ("quantization", {"sequences": 8}, {"sequences": 1}),
+])
+def test_memory_estimate_covers_the_measured_peak(kernel, body, warm):
+    """The estimate is at least the peak resident memory the request adds, and at most twice it (+32 MiB)."""
+    if kernel == "quantization" and not (CHECKPOINTS / "gqa-large.pt").exists():
+        pytest.skip("trained checkpoints not present")
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "KVX_KERNEL_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(PROBE), kernel, json.dumps(body), json.dumps(warm)], env=env,
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    estimate = r["host"] + r["device"]                       # on the CPU the device is the host
+    assert r["measured"] > 10 * 2 ** 20                        # the request really allocated something
+    assert r["measured"] <= estimate <= 2 * r["measured"] + 32 * 2 ** 20, r
+
+
+def test_a_request_over_the_memory_budget_is_a_422_naming_both(tmp_path):
+    client = TestClient(create_app(Settings(site_dir=tmp_path, kernel_max_bytes=50e6)))
+    body = {"context": 4096, "batch": 16, "repeats": 1}
+    need = kernel_specs.paged_memory(kernel_specs.PagedRequest(**body))
+    r = client.post("/api/v1/kernels/paged", json=body)
+    assert r.status_code == 422
+    (detail,) = r.json()["detail"]
+    assert detail["type"] == "too_much_memory"
+    assert f"about {(need['host'] + need['device']) / 1e6:.1f} MB of host memory" in detail["msg"]
+    assert "the server's limit is 50.0 MB per request" in detail["msg"]
+
+
+def test_default_budget_refuses_a_cheap_request_that_would_need_gigabytes(client):
+    """Few FLOPs (under the cost limit) but 17 GB of cache: refused before anything is allocated."""
+    body = {"batch": 64, "context": 16384, "heads": 8, "kv_heads": 8, "head_dim": 256, "repeats": 1}
+    assert kernel_specs.paged_cost(kernel_specs.PagedRequest(**body)) < 2e11
+    r = client.post("/api/v1/kernels/paged", json=body)
+    assert r.status_code == 422 and r.json()["detail"][0]["type"] == "too_much_memory"
+    budget = kernel_specs.memory_budget()["host"]
+    assert f"the server's limit is {budget / 1e9:.2f} GB per request" in r.json()["detail"][0]["msg"]
+
+
+@pytest.mark.parametrize("message", [
+    "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+    "38654705664 bytes. Error code 12 (Cannot allocate memory)",
+    "CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.15 GiB total capacity; 3.20 GiB already allocated)",
+])
+def test_an_allocation_failure_is_a_503_with_retry_after_and_no_internals(client, monkeypatch, message):
+    def fails(*args, **kwargs):
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(paged, "paged_decode", fails)
+    r = client.post("/api/v1/kernels/paged", json={"context": 16, "repeats": 1, "batch": 3})
+    deadline = time.monotonic() + 60
+    while r.status_code == 202 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        r = client.get(r.json()["status_url"])
+    assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
+    text = r.text
+    for internal in ("alloc_cpu", "DefaultCPUAllocator", "enforce", "GiB", "38654705664", "Error code"):
+        assert internal not in text
+
+
+# ---- the API measures what the benchmark measures ---------------------------------------------------------
+def test_served_mla_time_is_the_direct_calls_time(client):
+    """The absorbed decode at 8K tokens through POST /kernels/mla against the same call made directly in this
+    process: the issue measured 2.8 ms served against 0.28 ms direct (a lower-priority two-thread OpenMP team
+    on a busy machine). Both now time one thread's CPU time."""
+    body = {"context": 8192, "repeats": 9}
+    served = post_and_wait(client, "/api/v1/kernels/mla", body)
+    direct = kernel_specs.KERNELS["mla"].run(kernel_specs.MLARequest(**body), lambda *a: None)
+    s, d = served["result"]["forms"]["absorbed"]["seconds"], direct["forms"]["absorbed"]["seconds"]
+    assert served["result"]["threads"] == direct["threads"] == 1
+    assert served["result"]["timer"] == direct["timer"] == "thread CPU time"
+    assert 1 / 3 < s / d < 3, (s, d)
