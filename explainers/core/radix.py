@@ -170,8 +170,9 @@ class RadixTree:
     def evict(self, need: int) -> int:
         """Evict unlocked leaves, by policy, until `need` more tokens fit. Returns tokens evicted."""
         freed = 0
-        heap, evictable = self._heap, self._evictable
-        while self.size + need > self.capacity:
+        heap, evictable, on_evict = self._heap, self._evictable, self.on_evict
+        limit = self.capacity - need
+        while self.size > limit:
             victim = None
             while heap:                              # the smallest live entry of an evictable leaf
                 entry = heapq.heappop(heap)
@@ -186,11 +187,12 @@ class RadixTree:
             parent = victim.parent
             del parent.children[victim.tokens[0]]
             evictable.discard(victim)
-            if self.on_evict is not None:
-                self.on_evict(victim)
+            if on_evict is not None:
+                on_evict(victim)
             self.size -= len(victim.tokens)
             freed += len(victim.tokens)
-            self._refile(parent)                     # it may have become a leaf
+            if not parent.children:
+                self._refile(parent)                 # it has become a leaf
         self.evicted += freed
         return freed
 
