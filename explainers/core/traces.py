@@ -119,13 +119,13 @@ def read_trace(lines: Iterable[str], block_size: int = BLOCK_SIZE, limit: Limits
             continue
         if len(out) == limit.requests:
             raise ParamError("trace", f"A trace may hold at most {limit.requests:,} requests{limit.where}; line "
-                                      f"{number:,} is one more. Keep its first lines (head -n {limit.requests}).")
+                                      f"{number:,} is one more (keep its first lines: head -n {limit.requests}).")
         row = _row(raw, number, block_size)
         blocks += len(row["hash_ids"])
         if blocks > limit.blocks:
             raise ParamError("trace", f"A trace may hold at most {limit.blocks:,} hash ids in all{limit.where} "
-                                      f"(the replay's work grows with them); line {number:,} passes that. "
-                                      f"Keep its first {len(out):,} lines.")
+                                      f"(the replay's work grows with them); line {number:,} passes that, so "
+                                      f"keep its first {len(out):,} lines.")
         out.append(row)
         if len(out) % 20_000 == 0:
             report(0.0, f"read {len(out):,} requests")

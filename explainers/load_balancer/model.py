@@ -27,6 +27,7 @@ import zlib
 from ..cache_renting.model import CacheRentingParams, evaluate as cache_renting
 from ..core import timing, traces
 from ..core.gpus import GPUS
+from ..core.limits import check_tensor_parallel, check_weights_fit
 from ..core.models import MODELS
 from ..core.params import ParamError, Params, choice, integer, number
 from ..core.radix import RadixTree
@@ -79,14 +80,18 @@ class LoadBalancerParams(Params):
 
     def __post_init__(self):
         super().__post_init__()
+        m, g = MODELS[self.model], GPUS[self.gpu]
+        check_tensor_parallel("gpus_per_replica", m, self.gpus_per_replica, most=8)
+        check_weights_fit("gpus_per_replica", m, g, self.gpus_per_replica, 2, "bf16",
+                          reserve_bytes_per_gpu=RESERVE_GB * 1e9)
         cap = capacity_tokens(self)
         if cap < self.block_size and self.capacity is not None:
             raise ParamError("capacity", f"capacity must hold at least one block of {self.block_size:,} tokens; "
                                          f"got {self.capacity:,}.")
         if cap < self.block_size:
-            m, g, r = MODELS[self.model], GPUS[self.gpu], hardware(self)
+            r = hardware(self)
             raise ParamError("gpus_per_replica",
-                             f"{m.title}'s weights ({r['weights_bytes'] / GB:,.0f} GB in BF16) and the reserve leave "
+                             f"gpus_per_replica is too few: {m.title}'s weights ({r['weights_bytes'] / GB:,.0f} GB in BF16) and the reserve leave "
                              f"{max(0, r['derived_kv_memory_bytes']) / GB:,.1f} GB for the cache on "
                              f"{self.gpus_per_replica} × {g.title} ({g.memory_gb:g} GB each), not one block of "
                              f"{self.block_size:,} tokens; use more GPUs per replica, a larger GPU, a smaller "
@@ -96,10 +101,10 @@ class LoadBalancerParams(Params):
             return
         blocks = synthetic_blocks(self)
         if blocks > MAX_BLOCKS:
-            raise ParamError("turns", f"The synthetic trace may hold at most {MAX_BLOCKS:,} prompt blocks (Σ over "
-                                      f"its requests of prompt ÷ block size), so that a change replays in well "
-                                      f"under a second; these settings make {blocks:,}. Use fewer sessions, turns "
-                                      f"or tokens, or larger blocks.")
+            raise ParamError("turns", f"sessions × turns may make at most {MAX_BLOCKS:,} prompt blocks in the "
+                                      f"synthetic trace (Σ over its requests of prompt ÷ block size), so that a "
+                                      f"change replays in well under a second; these settings make {blocks:,}, so "
+                                      f"use fewer sessions, turns or tokens, or larger blocks.")
 
     def _prompt(self, turn: int) -> int:
         return self.system_prompt + turn * (self.message + self.answer) + self.message

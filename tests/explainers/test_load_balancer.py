@@ -220,7 +220,9 @@ def test_bad_lines_name_the_line_and_field(bad, message):
 def test_trace_limits():
     # Here (the CLI and the API): 100,000 requests, 50 MB, 5,000,000 hash ids; each refusal is one sentence.
     assert (MAX_TRACE_REQUESTS, traces.CPYTHON.bytes, traces.CPYTHON.blocks) == (100_000, 50_000_000, 5_000_000)
-    with pytest.raises(ParamError, match=r"^A trace may hold at most 100,000 requests; line 100,001 is one more\."):
+    with pytest.raises(ParamError, match=r"^A trace may hold at most 100,000 requests; line 100,001 is one more "
+                                         r"\(keep its first lines: "
+                                         r"head -n 100000\)\.$"):
         P(trace="\n".join([GOOD] * (MAX_TRACE_REQUESTS + 1)))
     with pytest.raises(ParamError, match=r"^A trace may hold at most 50,000,000 bytes; this one passes that at "
                                          r"line 2\.$"):
@@ -228,8 +230,8 @@ def test_trace_limits():
     small = traces.Limits(requests=3, bytes=10_000, blocks=5, where=" in the browser (use `kvx run` for more)")
     with pytest.raises(ParamError, match=r"at most 3 requests in the browser \(use `kvx run` for more\); line 4 is"):
         traces.read_trace([line(0, 512, [0])] * 4, 512, small)
-    with pytest.raises(ParamError, match=r"at most 5 hash ids in all in the browser .*; line 3 passes that\. "
-                                         r"Keep its first 2 lines\."):
+    with pytest.raises(ParamError, match=r"at most 5 hash ids in all in the browser .*; line 3 passes that, so "
+                                         r"keep its first 2 lines\.$"):
         traces.read_trace([GOOD, GOOD, GOOD], 512, small)
     assert traces.limits() is traces.CPYTHON                    # Pyodide reports sys.platform "emscripten"
     with pytest.raises(ParamError, match="holds no requests"):
