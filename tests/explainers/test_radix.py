@@ -185,7 +185,7 @@ def test_sglang_a_lock_outlives_a_split_of_the_locked_edge():
     assert tree.sequences() == [(7, 7, 7, 7, 7, 7)]
 
 
-def test_sglang_locked_leaves_and_the_path_being_extended_are_never_evicted():
+def test_locked_leaves_and_the_path_being_extended_are_never_evicted():
     tree = RadixTree(6)
     tree.insert((1, 1, 1))
     _, path = tree.match((1, 1, 1))
