@@ -22,6 +22,7 @@ from kvx.compute.responses import FiniteJSONResponse
 from kvx.compute.routers import explainers, health
 from kvx.compute.security import BodyLimit, CatchAll, SecurityHeaders, short
 from kvx.compute.settings import Settings
+from kvx.explainers.registry import REGISTRY
 
 DOCS_ASSETS = "/docs-assets"
 MAX_ERRORS = 10
@@ -95,6 +96,11 @@ def _docs(app: FastAPI) -> None:
                               redoc_favicon_url=f"{DOCS_ASSETS}/favicon.png", with_google_fonts=False)
 
 
+def _quoted(path: str) -> str:
+    """A path as sent, or a short prefix of one that is long."""
+    return path if len(path) <= 80 else short(path, 80)
+
+
 def _body_model(request: Request):
     """The pydantic model of the matched route's body (unwrapping Optional), for its bounds."""
     body = getattr(request.scope.get("route"), "body_field", None)
@@ -138,8 +144,8 @@ def _api_fallback(app: FastAPI) -> None:
                                              for r in routes)]
         if allowed:
             return JSONResponse(status_code=405, headers={"Allow": ", ".join(allowed)},
-                                content={"detail": f"{short(path, 80)} takes {' or '.join(allowed)}, not {request.method}."})
-        return JSONResponse(status_code=404, content={"detail": f"There is no API endpoint {short(path, 80)}; the endpoints "
+                                content={"detail": f"{_quoted(path)} takes {' or '.join(allowed)}, not {request.method}."})
+        return JSONResponse(status_code=404, content={"detail": f"There is no API endpoint {_quoted(path)}; the endpoints "
                                                                 f"are listed at /docs."})
 
 
@@ -151,7 +157,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     # Outermost last: any escaped exception as a JSON 500 (CatchAll), security headers on every answer (the
     # 413s too), CORS, then the body limit.
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s,
+                       larger={f"/api/v1/explainers/{e.slug}": settings.max_trace_body_bytes
+                               for e in REGISTRY.values() if e.uploads})
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Content-Type"])

@@ -42,14 +42,25 @@ def test_cached_answers_stay_fast_while_kernels_queue(tmp_path, serve, monkeypat
     assert result["seconds"] < 30
 
 
-def test_kernel_threads_yield_the_cpu_to_the_request_threads():
-    """Kernels run at a lower priority (nice +10) than the threads that answer requests, on Linux."""
+def test_jobs_run_in_processes_of_their_own_that_yield_the_cpu():
+    """Jobs run in a process of their own (not holding the server's GIL), at nice +10, on Linux."""
     import os
     import threading
 
     from kvx.compute.jobs import JobRunner
     runner = JobRunner(workers=1, queue=0)
     job = runner.wait(runner.submit("nice", {}, lambda p, progress: {
-        "nice": os.getpriority(os.PRIO_PROCESS, threading.get_native_id())}), 5)
+        "nice": os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), "pid": os.getpid()}), 5)
+    assert job.result["pid"] != os.getpid() and job.seconds is not None and job.seconds < 5
     assert job.result["nice"] >= os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + 10 or \
         job.result["nice"] == 19
+
+
+def test_caches_are_bounded_in_bytes():
+    from kvx.compute.jobs import JobRunner
+    runner = JobRunner(workers=1, queue=0, cache_size=1000, cache_bytes=100_000)
+    for i in range(100):
+        runner._remember(f"k{i}", {"echo": "x" * 5000}, 0.1)            # 5 KB each: 100 would be 500 KB
+    assert runner.cached_bytes <= 100_000 and 15 <= len(runner.cache) <= 20
+    runner._remember("big", {"echo": "x" * 50_000}, 0.1)                # over an eighth of the bound: not kept
+    assert runner.cached("big", {}) is None and "big" not in runner.cache
