@@ -32,11 +32,11 @@ def layout(params_cls, values: dict, data: dict):
     paged = _memory_map("Paged: blocks on demand (pale: the empty end of a last block)", src["paged_map"], rows_range)
 
     share = figure(height=260, sizing_mode="stretch_width", toolbar_location=None, y_range=(0, 1.02),
-                   title="Share of KV memory holding real token states", x_axis_label="decode step")
+                   title="Share of KV memory holding real token states", x_axis_label="engine step")
     share.line("step", "reserve_share", source=src["series"], color=RESERVE, line_width=3, legend_label="reserve")
     share.line("step", "paged_share", source=src["series"], color=PAGED, line_width=3, legend_label="paged")
     running = figure(height=260, sizing_mode="stretch_width", toolbar_location=None, x_range=share.x_range,
-                     title="Requests running at once, and paged preemptions", x_axis_label="decode step")
+                     title="Requests running at once, and paged preemptions", x_axis_label="engine step")
     running.line("step", "reserve_running", source=src["series"], color=RESERVE, line_width=3, legend_label="reserve")
     running.line("step", "paged_running", source=src["series"], color=PAGED, line_width=3, legend_label="paged")
     running.line("step", "paged_preemptions", source=src["series"], color=PAGED, line_dash="dashed", line_width=2,

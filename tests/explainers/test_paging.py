@@ -421,6 +421,13 @@ def test_reproduces_the_papers_band_under_the_pages_assumptions():
     assert round(alpaca["reserve_token_state_share"] * 100) == 4
     assert alpaca["paged_token_state_share"] is None and alpaca["paged"]["preemptions"] == 0
     assert round(alpaca["paged"]["token_state_share_of_allocated"] * 100) == 91
+    assert f"{evaluate(P(block_size=1))['paged_token_state_share']:.0%}" == "98%"
+    assert evaluate(P(on_full="swap"))["paged"]["swapped_tokens"] == 15_738
+    wait = evaluate(P(on_full="wait"))
+    assert round(wait["paged_token_state_share"] * 100) == 26 and wait["paged"]["peak_running"] == 4
+    for figure in ("26% to 37%", "to 50%", "Paging holds 96%", "126 slots", "falls to 77%", "(98%)", "29 times",
+                   "4,557 tokens", "3,312 more", "15,738 tokens", "same 26%", "4% of memory", "(91%)"):
+        assert figure in PAGE, figure
 
 
 def test_frames_are_deterministic_and_bounded():
