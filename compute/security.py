@@ -80,9 +80,11 @@ class BodyLimit:
       connection open.
     """
 
-    def __init__(self, app, max_bytes: int, body_timeout_s: float = 30.0, max_header_bytes: int = 16 * 1024):
+    def __init__(self, app, max_bytes: int, body_timeout_s: float = 30.0, max_header_bytes: int = 16 * 1024,
+                 larger: dict[str, int] | None = None):
         self.app, self.max_bytes, self.body_timeout_s = app, max_bytes, body_timeout_s
         self.max_header_bytes = max_header_bytes
+        self.larger = larger or {}                # path -> its own limit (the routes that take a trace upload)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -93,6 +95,7 @@ class BodyLimit:
             return await _json(send, 431, f"The request line and headers may be at most {self.max_header_bytes} "
                                           f"bytes together; got {size}.")
         headers = dict(scope["headers"])
+        limit = self.larger.get(scope.get("path", ""), self.max_bytes)
         length = headers.get(b"content-length")
         if length is not None and b"transfer-encoding" in headers:
             return await _json(send, 400, "A request may not have both Content-Length and Transfer-Encoding "
@@ -101,15 +104,15 @@ class BodyLimit:
             text = length.decode("latin-1").strip()
             if not text.isdigit():
                 return await _json(send, 400, f"Content-Length must be a whole number of bytes; got {short(text)}.")
-            if int(text) > self.max_bytes:
-                return await _json(send, 413, f"The request body may be at most {self.max_bytes} bytes; "
+            if int(text) > limit:
+                return await _json(send, 413, f"The request body may be at most {limit} bytes; "
                                               f"got {text[:20]}.")
         try:
-            body = await asyncio.wait_for(self._read(receive), self.body_timeout_s)
+            body = await asyncio.wait_for(self._read(receive, limit), self.body_timeout_s)
         except asyncio.TimeoutError:
             return await _json(send, 408, f"The request body did not arrive within {self.body_timeout_s:g} s.")
         except _TooLarge:
-            return await _json(send, 413, f"The request body may be at most {self.max_bytes} bytes; got more "
+            return await _json(send, 413, f"The request body may be at most {limit} bytes; got more "
                                           f"than that.")
         if body is None:                          # the client went away before sending it all
             return
@@ -124,7 +127,7 @@ class BodyLimit:
 
         return await self.app(scope, replay, send)
 
-    async def _read(self, receive) -> bytes | None:
+    async def _read(self, receive, limit: int) -> bytes | None:
         chunks, size, more = [], 0, True
         while more:
             message = await receive()
@@ -133,7 +136,7 @@ class BodyLimit:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             more = message.get("more_body", False)
-            if size > self.max_bytes:
+            if size > limit:
                 raise _TooLarge()
         return b"".join(chunks)
 

@@ -12,6 +12,8 @@ class Settings(BaseSettings):
     site_dir: Path = Path("build/site")     # the built static site, served at /
     cors_origins: list[str] = []            # origins allowed to call the API (for embedding in other docs)
     max_body_bytes: int = 64 * 1024         # larger request bodies are refused with 413
+    max_trace_body_bytes: int = 64 * 2 ** 20   # ... except to explainers that take a trace (50 MB of JSONL, escaped)
+    explainer_trace_time_limit_s: float = 300.0   # an evaluation of an uploaded trace: the answer waits this long
     body_timeout_s: float = 30.0            # a request body must arrive within this of its headers (408)
     kernel_workers: int = 1                 # kernel jobs that run at once (the CPU has two cores)
     kernel_queue: int = 4                   # jobs that may wait; more get 503 with Retry-After

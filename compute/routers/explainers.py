@@ -15,6 +15,7 @@ never a 500: the request cannot be answered, and the server and the connection c
 """
 
 import collections
+import hashlib
 from typing import Optional, Union
 
 from fastapi import APIRouter, HTTPException, Request
@@ -29,6 +30,9 @@ from kvx.explainers.registry import REGISTRY, Explainer, run
 router = APIRouter(prefix="/explainers", tags=["explainers"])
 RETRY_AFTER_S = 5
 PARAM_ERROR = "__param_error__"          # a job's answer that is a ParamError, not a result
+UPLOAD_HELP = {"trace": "A Mooncake-format trace as JSONL text, one request per line (timestamp in ms, input_length, "
+                        "output_length, hash_ids of 512-token blocks); at most 50,000,000 bytes, 100,000 requests "
+                        "and 5,000,000 hash ids. Empty: the model's own synthetic trace."}
 
 
 def request_model(e: Explainer) -> type[BaseModel]:
@@ -41,6 +45,8 @@ def request_model(e: Explainer) -> type[BaseModel]:
         # Strict: JSON true/false is not a number here (pydantic would quietly read it as 1 or 0).
         fields[spec["name"]] = (Optional[Union[StrictFloat, StrictStr]],
                                 Field(default=None, description=spec["help"], json_schema_extra=extra))
+    for upload in e.uploads:         # data the model reads (a trace), as text; the model checks it line by line
+        fields[upload] = (Optional[StrictStr], Field(default=None, description=UPLOAD_HELP[upload]))
     name = "".join(part.capitalize() for part in e.slug.split("-")) + "Request"
     return create_model(name, __config__=ConfigDict(extra="forbid"), **fields)
 
@@ -74,6 +80,17 @@ def evaluations(request_or_app) -> JobRunner:
     return state.evaluations
 
 
+def trace_evaluations(request: Request) -> JobRunner:
+    """Evaluations of an uploaded trace: one at a time, each with the longer time limit a big trace needs."""
+    state = request.app.state
+    if getattr(state, "trace_evaluations", None) is None:
+        s = state.settings
+        state.trace_evaluations = JobRunner(1, 2, cache_size=64, time_limit_s=s.explainer_trace_time_limit_s,
+                                            cache_bytes=s.cache_bytes, per_client=1, memory_bytes=s.job_memory_bytes,
+                                            what="trace")
+    return state.trace_evaluations
+
+
 def unprocessable(field: str, message: str, kind: str = "value_error") -> JSONResponse:
     return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", field] if field != "body" else ["body"],
                                                               "msg": message, "type": kind}]})
@@ -83,9 +100,11 @@ def busy(status: int, detail: str) -> JSONResponse:
     return JSONResponse(status_code=status, headers={"Retry-After": str(RETRY_AFTER_S)}, content={"detail": detail})
 
 
-def _evaluate_in_job(slug: str):
+def _evaluate_in_job(slug: str, data: dict | None = None):
     def job(values: dict, progress) -> dict:      # runs in the job's own process
         try:
+            if data:                              # the uploaded text, in place of its digest
+                values = {**{k: v for k, v in values.items() if not k.endswith("_sha256")}, **data}
             return run(slug, values)
         except ParamError as err:                 # a bad value found while evaluating: the caller's 422
             return {PARAM_ERROR: [err.field, str(err)]}
@@ -123,27 +142,32 @@ def _add_route(e: Explainer) -> None:
 
     async def evaluate(request: Request, body: Body = None):  # type: ignore[valid-type]
         values = body.model_dump(exclude_none=True) if body is not None else {}
-        jobs = evaluations(request)
+        # An upload (a trace of up to 50 MB) is data: jobs and the answer cache key it by its SHA-256, and it
+        # gets the time an upload needs (a 100,000-request replay is about a minute of CPU).
+        data = {f"_{n}": values.pop(n) for n in e.uploads if n in values}
+        values.update({f"{k}_sha256": hashlib.sha256(v.encode()).hexdigest() for k, v in data.items()})
+        jobs = trace_evaluations(request) if data else evaluations(request)
         hit = jobs.cached(e.slug, values)          # a cached answer costs no thread hop and no process
         if hit is not None:
             return _answer(e.slug, hit)
         settings, costs = request.app.state.settings, request.app.state.explainer_costs
         try:
-            job = jobs.submit(e.slug, values, _evaluate_in_job(e.slug),
+            job = jobs.submit(e.slug, values, _evaluate_in_job(e.slug, data),
                               client=request.client.host if request.client else None, cost=costs(e.slug))
         except QueueFull:
             return busy(503, "The server is busy evaluating other models; try again in a few seconds.")
         except ClientBusy:
             return busy(429, f"You already have {jobs.per_client} evaluations waiting or running on this server; "
                              f"wait for them, then try again.")
-        job = await jobs.wait_async(job, settings.explainer_wait_s)
+        wait = settings.explainer_trace_time_limit_s if data else settings.explainer_wait_s
+        job = await jobs.wait_async(job, wait)
         if job.finished is not None:
             costs.record(e.slug, job.seconds)
         if job.status == "done":
             return _answer(e.slug, job.result)
         if job.status == "error":
             return _failed(e.slug, job, jobs)
-        return busy(503, f"The answer is still being computed after {settings.explainer_wait_s:g} s; ask again "
+        return busy(503, f"The answer is still being computed after {wait:g} s; ask again "
                          f"shortly (it will be kept).")
 
     router.add_api_route(f"/{e.slug}", evaluate, methods=["POST"], summary=e.title,

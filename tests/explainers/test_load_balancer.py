@@ -394,3 +394,44 @@ def test_the_big_fixture_is_past_the_old_limits_and_deterministic():
     assert text == big_trace() and text.count("\n") == 8_500 and len(text.encode()) > 2_000_000
     recs = parse_trace(text)
     assert len(recs) == 8_500 and all(len(r["hash_ids"]) == -(-r["input_length"] // 512) for r in recs)
+
+
+def test_the_big_fixture_through_the_cli(tmp_path):
+    path = tmp_path / "big.jsonl"
+    path.write_text(big_trace())
+    out = kvx("run", "load-balancer", "gpus_per_replica=4", "--trace", str(path), "--json")
+    assert out.returncode == 0, out.stderr
+    body = json.loads(out.stdout)
+    want = evaluate(P(trace=big_trace(), gpus_per_replica=4))
+    assert body["requests"] == 8_500 and body["trace"] == "uploaded"
+    assert {k: body[k] for k in want} == json.loads(json.dumps(want))
+    assert 0 < body["cache_aware_hit_rate"] <= body["unlimited_cache_hit_rate"] < 1
+
+
+def test_the_big_fixture_through_the_api(tmp_path):
+    """The API takes a trace as a JSON string field past the general 64 KiB body limit (its own 64 MiB), keys
+    jobs and answers by its digest, and answers what the model answers; a body past the limit is a 413 and a
+    bad line a 422 naming the line, each one sentence."""
+    from fastapi.testclient import TestClient
+
+    from kvx.compute.app import create_app
+    from kvx.compute.settings import Settings
+    client = TestClient(create_app(Settings(site_dir=tmp_path)))
+    url = "/api/v1/explainers/load-balancer"
+    r = client.post(url, json={"trace": big_trace(), "gpus_per_replica": 4})
+    assert r.status_code == 200, r.text
+    want = json.loads(json.dumps(evaluate(P(trace=big_trace(), gpus_per_replica=4))))
+    assert {k: r.json()[k] for k in want} == want and r.json()["requests"] == 8_500
+    again = client.post(url, json={"trace": big_trace(), "gpus_per_replica": 4})     # the cached answer
+    assert again.status_code == 200 and again.json() == r.json()
+    bad = client.post(url, json={"trace": GOOD + "\n" + line(0, 1000, [0, 1], n_out=-3)})
+    assert bad.status_code == 422
+    assert bad.json()["detail"][0]["msg"] == "The trace's line 2: output_length must be a whole number ≥ 0; got -3."
+    assert bad.json()["detail"][0]["loc"] == ["body", "trace"]
+    small = TestClient(create_app(Settings(site_dir=tmp_path, max_trace_body_bytes=1_000_000)))
+    big = small.post(url, json={"trace": big_trace()})
+    assert big.status_code == 413 and big.json()["detail"].startswith("The request body may be at most 1000000 bytes")
+    other = small.post("/api/v1/explainers/cache-renting", content=b"{" + b" " * 70_000 + b"}",
+                       headers={"content-type": "application/json"})
+    assert other.status_code == 413                       # the other routes keep the general limit
+    assert small.post("/api/v1/explainers/paging", json={"trace": "x"}).status_code == 422   # no trace there
