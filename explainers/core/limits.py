@@ -93,11 +93,12 @@ def check_context(field: str, m, n: int, what: str = "") -> None:
 
 
 def kept_tokens(fraction: float, n: int) -> int:
-    """Tokens a cache keeps when it keeps `fraction` of `n`: whole tokens, at least one.
+    """Tokens a cache keeps when it keeps `fraction` of `n`: whole tokens, floored, at least one.
 
-    The eviction kernel's rule (compute/kernels/eviction.py: max(1, round(fraction × prompt))).
+    kvpress's `compute_n_kept` with compression ratio 1 − fraction, computed as it computes it, which is
+    also the eviction kernel's rule (compute/kernels/eviction.py kept_count).
     """
-    return max(1, round(fraction * n)) if n > 0 else 0
+    return max(1, int(n * (1 - (1 - fraction)))) if n > 0 else 0
 
 
 def check_split(field: str, m, gpus: int) -> None:

@@ -372,7 +372,7 @@ def formula(p: CrossLayerParams, r: dict, st: list[dict]) -> list[dict]:
          "result": f"{_num(r['bytes_per_token'])} B: 1/{1 / r['vs_own']:,.4g} of {m.title}'s bf16 cache, "
                    f"1/{1 / r['vs_mha']:,.4g} of MHA's"},
         {"name": "All sessions' caches", "formula": "bytes per cached token × tokens kept × sessions, where tokens "
-                                                    "kept = max(1, round(kept share × context))",
+                                                    "kept = max(1, ⌊kept share × context⌋) (kvpress's rule)",
          "substituted": f"{_num(st[3]['bytes'])} B × {tokens(r['kept_tokens'])} × {thousands(p.sessions)}",
          "result": f"{bytes_both(r['total_bytes'])} (without compression beyond its own attention: "
                    f"{bytes_both(r['own_total_bytes'])})"},
