@@ -15,7 +15,7 @@ from ..core.gpus import GPUS
 from ..core.models import MODELS
 from ..core.limits import check_pipeline_parallel, check_tensor_parallel, check_weights_fit
 from ..core.params import ParamError, Params, choice, integer, number
-from ..core.units import GB, bytes_both, bytes_iec, bytes_si, thousands, tokens
+from ..core.units import GB, GiB, bytes_both, bytes_iec, bytes_si, thousands, tokens
 
 DTYPES = tuple(DTYPE_BITS)
 MAX_FRAMES = 200          # animation frames at most; large counts add sessions in groups
@@ -48,6 +48,13 @@ class CacheRentingParams(Params):
         else:
             check_pipeline_parallel("gpu_count", m, self.gpu_count)
         check_weights_fit("gpu_count", m, gpu, self.gpu_count, dtype_bytes(self.weight_dtype), self.weight_dtype)
+        if self.kv_memory_gb is not None:
+            # At most what the weights leave of the GPUs, even reading the datasheet's GB as the GiB HBM is built in.
+            most = (self.gpu_count * gpu.memory_gb * GiB - m.params * dtype_bytes(self.weight_dtype)) / GB
+            if self.kv_memory_gb > most:
+                raise ParamError("kv_memory_gb", f"kv_memory_gb must be at most {most:,.1f} GB, what {self.gpu_count} × "
+                                                 f"{gpu.memory_gb:g} GiB leave after the weights; got "
+                                                 f"{self.kv_memory_gb:,g}.")
         if self.kv_memory_gb is None:
             # The workspace comes out of what the weights leave; more than that leaves negative memory for KV.
             room = (gpu.memory_bytes * self.gpu_count - m.params * dtype_bytes(self.weight_dtype)) / self.gpu_count

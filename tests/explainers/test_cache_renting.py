@@ -81,6 +81,15 @@ def test_tensor_parallel_must_split_the_heads(model, gpus, why):
     P(model=model, gpu_count=gpus, weight_dtype="int4", parallelism="pipeline")    # by layers it splits
 
 
+def test_kv_memory_set_by_hand_is_at_most_what_the_weights_leave():
+    # 8 x 80 GiB (HBM is built in binary sizes) - 141.1 GB of weights = 546.1 GB; the page's 495.07 GB is within.
+    most = (8 * 80 * 2 ** 30 - 70.55e9 * 2) / 1e9
+    assert evaluate(P(kv_memory_gb=495.07))["max_sessions"] == 377
+    P(kv_memory_gb=round(most, 1) - 0.1)
+    with pytest.raises(ParamError, match=r"^kv_memory_gb must be at most 546\.1 GB, .*; got 1,000\.$"):
+        P(kv_memory_gb=1000)
+
+
 def test_pipeline_stages_at_most_the_layers():
     with pytest.raises(ParamError, match="at most Qwen2.5 7B's 28 layers.*got 29"):
         P(model="qwen2.5-7b", gpu_count=29, parallelism="pipeline")
@@ -135,7 +144,7 @@ def params_strategy(draw):
     return P(model=model, gpu=gpu, gpu_count=n, parallelism=parallelism, weight_dtype=weight_dtype,
              kv_dtype=draw(st.sampled_from(["fp32", "fp16", "fp8", "int4", "3.25"])),
              context=draw(st.integers(1, 10_000_000)), reserve_gb_per_gpu=draw(st.floats(0, min(20, room))),
-             kv_memory_gb=draw(st.one_of(st.none(), st.floats(0.001, 5000))))
+             kv_memory_gb=draw(st.one_of(st.none(), st.floats(0.001, max(0.001, min(5000, room * n))))))
 
 
 params_strategy = params_strategy()
