@@ -425,8 +425,8 @@ class CacheAware(Router):
     (ties: less queued, fewer requests so far, lowest number)."""
     key, name = "cache_aware", "cache-aware"
 
-    def choose(self, req, fleet, now, p, count):
-        scores = cache_aware_scores(req, fleet, now, p)
+    def choose(self, req, fleet, now, p, count, scores=None):
+        scores = scores or cache_aware_scores(req, fleet, now, p)
         return max(fleet, key=lambda r: (scores[r.index][0], -scores[r.index][2], -r.routed, -r.index)).index
 
 
@@ -541,9 +541,13 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
         if x % 2_000 == 0 and len(w.requests) > 5_000:     # a long replay tells the page how far it is
             traces.report((ROUTERS.index(router) + x / len(w.requests)) / len(ROUTERS),
                           f"replaying {len(w.requests):,} requests under {router.name}: request {x:,}")
-        if x in snapshot_at:
-            scores[x] = tuple(cache_aware_scores(q, fleet, now, p))
-        r = fleet[router.choose(q, fleet, now, p, x)]
+        if router.key == "cache_aware":              # its scores, kept for the frames the page shows
+            sc = cache_aware_scores(q, fleet, now, p)
+            if x in snapshot_at:
+                scores[x] = tuple(sc)
+            r = fleet[router.choose(q, fleet, now, p, x, sc)]
+        else:
+            r = fleet[router.choose(q, fleet, now, p, x)]
         r.routed += 1
         estimate = q.input_length - cached_tokens(r.expected_blocks(q.blocks), q, p.block_size)
         job = Job(q, estimate)
