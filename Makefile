@@ -45,3 +45,10 @@ bench: build chromium
 	$(BIN)/python tests/benchmarks/bench_server.py
 	$(BIN)/python tests/benchmarks/load_server.py --site build/site
 	$(BIN)/python tests/benchmarks/report.py      # -> benchmarks/REPORT.md and benchmarks/report.json
+
+# On a machine with a CUDA GPU (under 10 minutes on an H100/H200): kernel tests on the GPU (with CPU/GPU
+# agreement), every kernel endpoint through the server, the kernel benchmark against SDPA/flash and HBM
+# bandwidth, peak GPU memory per kernel -> benchmarks/gpu-report.md and .json. `--smoke` is the CPU dry run.
+.PHONY: gpu-check
+gpu-check: $(BIN)/kvx
+	$(BIN)/python tests/benchmarks/gpu_check.py
