@@ -36,7 +36,7 @@ class Node:
     hits: int = 0                                    # inserts that walked through this node
     lock: int = 0                                    # running requests that still use it
     id: int = 0
-    filed: tuple | None = None                       # this node's live heap entry, if any
+    filed: int | None = None                         # the packed key of this node's live heap entry, if any
 
     def depth(self) -> int:
         """Tokens from the root to the end of this node."""
@@ -55,6 +55,14 @@ EVICTION_POLICIES: dict[str, Callable[[Node], tuple]] = {
     "lfu": lambda n: (n.hits, n.last_access, n.id),
 }
 
+# The same keys packed into one integer each, 40 bits a field, because a heap of plain integers compares
+# several times faster than a heap of tuples; the order is the same while clock ticks and node ids stay
+# under 2**40 (a million million operations).
+_PACKED: dict[str, Callable[[Node], int]] = {
+    "lru": lambda n: (n.last_access << 40) | n.id,
+    "lfu": lambda n: (n.hits << 80) | (n.last_access << 40) | n.id,
+}
+
 
 class RadixTree:
     def __init__(self, capacity: int, policy: str = "lru"):
@@ -68,10 +76,10 @@ class RadixTree:
         self.ids = itertools.count(1)
         self.evicted = 0
         self.on_evict: Callable[[Node], None] | None = None   # told of each evicted leaf (for tallies)
-        self._key = EVICTION_POLICIES[policy]
+        self._key = _PACKED[policy]
         self._evictable: set[Node] = set()           # unlocked leaves
-        self._heap: list[tuple] = []                 # (*key, node), flat for fast comparisons; stale unless
-                                                     # it is its node's `filed` entry
+        self._heap: list[int] = []                   # packed keys; a key is stale unless it is its node's `filed`
+        self._filed: dict[int, Node] = {}            # packed key -> node, for every key in the heap
 
     # ---- lookup -----------------------------------------------------------------------------------
     def match(self, tokens) -> tuple[int, list[Node]]:
@@ -170,14 +178,14 @@ class RadixTree:
     def evict(self, need: int) -> int:
         """Evict unlocked leaves, by policy, until `need` more tokens fit. Returns tokens evicted."""
         freed = 0
-        heap, evictable, on_evict = self._heap, self._evictable, self.on_evict
+        heap, filed, evictable, on_evict = self._heap, self._filed, self._evictable, self.on_evict
         limit = self.capacity - need
         while self.size > limit:
             victim = None
             while heap:                              # the smallest live entry of an evictable leaf
-                entry = heapq.heappop(heap)
-                node = entry[-1]
-                if entry is node.filed:              # else superseded by a later entry
+                key = heapq.heappop(heap)
+                node = filed.pop(key)
+                if key == node.filed:                # else superseded by a later entry
                     node.filed = None
                     if node in evictable:
                         victim = node
@@ -222,19 +230,20 @@ class RadixTree:
             return
         self._evictable.add(node)
         key = self._key(node)
-        filed = node.filed
-        if filed is None or key != filed[:-1]:       # keys only grow, so an equal key is the live entry
-            node.filed = entry = (*key, node)        # ids make keys unique: a node is never compared
-            heapq.heappush(self._heap, entry)
+        if key != node.filed:                        # keys only grow, so an equal key is the live entry
+            node.filed = key                         # ids make keys unique across nodes
+            self._filed[key] = node
+            heapq.heappush(self._heap, key)
             if len(self._heap) > 64 + 4 * len(self._evictable):
                 self._compact()
 
     def _compact(self) -> None:
-        for entry in self._heap:
-            entry[-1].filed = None
-        self._heap = []
+        for n in self._filed.values():
+            n.filed = None
+        self._heap, self._filed = [], {}
         for n in self._evictable:
-            n.filed = (*self._key(n), n)
+            n.filed = self._key(n)
+            self._filed[n.filed] = n
             self._heap.append(n.filed)
         heapq.heapify(self._heap)
 

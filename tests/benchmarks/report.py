@@ -2,7 +2,7 @@
 
     python tests/benchmarks/report.py [--bench test-results/bench] [--out benchmarks]
 
-Reads bench.json (pages), kernels.json, server.json and load.json, whichever exist, and writes one
+Reads bench.json (pages), kernels.json, server.json, load.json and radix.json, whichever exist, and writes one
 readable table per part. Every speed is next to the baseline measured in the same run, because these
 machines are noisy: the ratios are what to compare between runs.
 """
@@ -76,6 +76,24 @@ def load_md(x: dict) -> list[str]:
                           f"peak memory (VmHWM) {x['server_peak_rss_mb']:.0f} MB."]
 
 
+def radix_md(r: dict) -> list[str]:
+    lines = [f"One replica's radix tree over a {r['rows'][-1]['requests']:,}-request conversation-like trace, a "
+             f"{r['cache_blocks']:,}-block (10M-token) cache. Baseline: a dict-insert loop over the same hash ids.",
+             "", "| share | requests | blocks | evicted | wall | CPU | ÷ baseline (wall) | hit rate |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for x in r["rows"]:
+        lines.append(f"| {x['share']:.0%} | {x['requests']:,} | {x['blocks']:,} | {x.get('evicted_blocks', 0):,} | "
+                     f"{x['seconds']:.3f} s | {x['cpu_seconds']:.3f} s | {x['ratio_to_baseline']:.1f}x | "
+                     f"{x['hit_rate']:.1%} |")
+    lines += ["", f"Growth 100% ÷ 10%: {r['growth_100_over_10']:.1f}x wall, {r['growth_cpu']:.1f}x CPU for "
+                  f"{r['growth_blocks']:.1f}x the blocks (n log n: {r['n_log_n']:.1f}); 100% ÷ 30% (both evicting): "
+                  f"{r['growth_100_over_30_cpu']:.2f}x CPU for {r['blocks_100_over_30']:.2f}x the blocks."]
+    if r.get("walk"):
+        lines.append("The old whole-tree walk per evicted leaf: " + ", ".join(
+            f"{w['seconds']:.2f} s at {w['share']:.0%}" for w in r["walk"]) + ".")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", default="test-results/bench")
@@ -83,14 +101,16 @@ def main() -> int:
     a = ap.parse_args()
     bench, out = Path(a.bench), Path(a.out)
     parts = {"pages": load(bench, "bench.json"), "kernels": load(bench, "kernels.json"),
-             "server": load(bench, "server.json"), "load": load(bench, "load.json")}
+             "server": load(bench, "server.json"), "load": load(bench, "load.json"),
+             "radix": load(bench, "radix.json")}
     md = ["# kvx benchmark report", "",
           f"Written {datetime.date.today().isoformat()} by `make bench` (tests/benchmarks/). Speeds vary by machine; "
           "compare the ratios against each part's baseline, which was measured in the same run.", ""]
     sections = [("Pages (tests/benchmarks/bench_pages.py, headless Chromium)", "pages", pages_md),
                 ("Kernels (tests/benchmarks/bench_kernels.py)", "kernels", kernels_md),
                 ("Compute server, per endpoint (tests/benchmarks/bench_server.py)", "server", server_md),
-                ("Compute server under load (tests/benchmarks/load_server.py)", "load", load_md)]
+                ("Compute server under load (tests/benchmarks/load_server.py)", "load", load_md),
+                ("Radix prefix cache replay (tests/benchmarks/bench_radix.py)", "radix", radix_md)]
     for title, key, render in sections:
         md += [f"## {title}", ""]
         md += render(parts[key]) if parts[key] else ["Not measured in this run."]
