@@ -124,7 +124,10 @@ def test_kernels_agree_between_the_cpu_and_the_target_device():
     for name, a in cpu.items():
         b = there[name].to("cpu")
         assert b.device.type == "cpu" and a.shape == b.shape, name
-        tol = 2e-3 if name.startswith(("crossmodel", "crosslayer", "eviction", "quant.int4", "quant.fp8")) else 1e-4
+        # Losses and fitted maps sum many float32 products in a device's own order; an eviction policy's top-k
+        # may break a near tie the other way, so its loss gets the widest tolerance.
+        tol = 2e-2 if name.startswith("eviction") else 2e-3 if name.startswith(
+            ("crossmodel", "crosslayer", "quant.int4", "quant.fp8")) else 1e-4
         torch.testing.assert_close(b.float(), a.float(), atol=tol, rtol=tol, msg=name)
 
 
