@@ -63,7 +63,13 @@ def cmd_run(args) -> int:
         print(f"kvx: {err}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(out, indent=2))
+        try:
+            text = json.dumps(out, indent=2, allow_nan=False)      # strict JSON, as the API and the page send
+        except ValueError:
+            print(f"kvx: the {args.slug} model returned a number that is not finite (NaN or infinity) for these "
+                  f"parameters; this is a bug in the model, please report it with the parameters.", file=sys.stderr)
+            return 1
+        print(text)
         return 0
     width = max(len(k) for k in out)
     for key, value in out.items():

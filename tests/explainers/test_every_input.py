@@ -11,6 +11,7 @@ API (valid input is never a 5xx; invalid input is a 422 with the same sentence).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -226,3 +227,11 @@ def test_the_api_refuses_an_impossible_configuration_in_the_models_sentence(clie
     assert r.json()["detail"][0]["msg"].startswith("gpu_count must be at least 11 to hold Llama 3.1 405B's")
     r = client.post("/api/v1/explainers/prompt-caching", json={"write_multiplier": 1, "read_multiplier": 1})
     assert r.status_code == 200 and r.json()["break_even_hit_rate"] is None
+
+
+def test_kvx_run_json_never_prints_a_non_finite_number(monkeypatch):
+    """Should a model ever return infinity, `kvx run --json` says it is a bug instead of printing `Infinity`."""
+    e = REGISTRY["prompt-caching"]
+    monkeypatch.setitem(REGISTRY, "prompt-caching", dataclasses.replace(e, evaluate=lambda p: {"x": math.inf}))
+    code, out, err = cli(["run", "prompt-caching", "--json"])
+    assert (code, out) == (1, "") and "not finite" in err and "\n" == err[-1] and err.count("\n") == 1
