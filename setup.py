@@ -6,7 +6,8 @@ found packages with a namespace.
 from setuptools import find_packages, setup
 
 TOP = ("explainers", "compute", "site")
-packages = [f"kvx.{p}" for p in find_packages(include=[f"{t}*" for t in TOP])]
+# "kvx" itself is the repository root's __init__.py: it holds only `kvx.show` (the notebook view).
+packages = ["kvx"] + [f"kvx.{p}" for p in find_packages(include=[f"{t}*" for t in TOP])]
 
 setup(
     packages=packages,
