@@ -35,9 +35,9 @@ class Limits:
 # CPython: the CLI and the API. 100,000 requests of the conversation trace's average 24 blocks are 2.4M ids.
 CPYTHON = Limits(requests=100_000, bytes=50_000_000, blocks=5_000_000, where="")
 # Pyodide: measured in headless Chromium (see BROWSER_NOTE); a replay of this much takes about 30 s there.
-BROWSER = Limits(requests=20_000, bytes=8_000_000, blocks=500_000, where=" in the browser (use `kvx run` for more)")
-BROWSER_NOTE = ("in the browser at most 20,000 requests, 8 MB and 500,000 hash ids (about 30 s of replay in "
-                "Pyodide); the command line and the API take up to 100,000 requests, 50 MB and 5,000,000 hash ids")
+BROWSER = Limits(requests=40_000, bytes=10_000_000, blocks=800_000, where=" in the browser (use `kvx run` for more)")
+BROWSER_NOTE = ("in the browser at most 40,000 requests, 10 MB and 800,000 hash ids, about 30 s of replay; "
+                "`kvx run --trace` and the API take up to 100,000 requests, 50 MB and 5,000,000 hash ids")
 
 
 def limits() -> Limits:
