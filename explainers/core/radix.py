@@ -180,16 +180,15 @@ class RadixTree:
         freed = 0
         heap, filed, evictable, on_evict = self._heap, self._filed, self._evictable, self.on_evict
         limit = self.capacity - need
+        victim = None
         while self.size > limit:
-            victim = None
-            while heap:                              # the smallest live entry of an evictable leaf
+            while victim is None and heap:           # the smallest live entry of an evictable leaf
                 key = heapq.heappop(heap)
                 node = filed.pop(key)
                 if key == node.filed:                # else superseded by a later entry
                     node.filed = None
                     if node in evictable:
                         victim = node
-                        break
             if victim is None:
                 break
             parent = victim.parent
@@ -199,8 +198,13 @@ class RadixTree:
                 on_evict(victim)
             self.size -= len(victim.tokens)
             freed += len(victim.tokens)
-            if not parent.children:
-                self._refile(parent)                 # it has become a leaf
+            victim = None
+            if not parent.children:                  # the parent has become a leaf
+                if (self.size > limit and parent.lock == 0 and parent is not self.root
+                        and (not heap or self._key(parent) < heap[0])):
+                    victim = parent                  # it sorts first: what a push and a pop would give
+                else:
+                    self._refile(parent)
         self.evicted += freed
         return freed
 

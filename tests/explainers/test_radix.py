@@ -132,6 +132,26 @@ def test_sglang_eviction_order_after_a_split():
     assert oracle.evict(100) == gone
 
 
+def test_a_parent_left_childless_waits_its_turn():
+    """Evicting (1, 2) leaves (1,) a leaf; (1,) was used after (7,), so (7,) goes next (SGLang pushes the
+    parent onto the heap with its own key; the tree takes it at once only when it sorts first)."""
+    tree, gone = RadixTree(3), []
+    tree.on_evict = lambda leaf: gone.append(spelled(leaf))
+    tree.insert((1,))
+    tree.insert((1, 2))
+    tree.insert((7,))
+    tree.match((1,))
+    tree.evict(2)
+    assert gone == [(1, 2), (7,)]
+    oracle = SGLangRadixCache("lru")
+    for s in [(1,), (1, 2), (7,)]:
+        oracle.insert(s)
+    oracle.match_prefix((1,))
+    assert oracle.evict(2) == gone
+    tree.evict(3)                            # now (1,) sorts first and goes
+    assert gone[-1] == (1,) and tree.size == 0
+
+
 def test_sglang_lfu_counts_hits_at_insert_and_a_split_inherits_them():
     """_insert_helper adds one hit to every node it walks through and starts a new leaf at one;
     _split_node copies the count to the upper half. A match alone counts nothing."""
