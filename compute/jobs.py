@@ -113,8 +113,8 @@ def _close_sockets(keep: int) -> None:
             pass
 
 
-def _child(conn, fn, params: dict, memory_bytes: int | None, what: str) -> None:
-    """The job's own process: lower priority, a memory ceiling, one thread, then the job; JSON back."""
+def _prepare_child(conn, memory_bytes: int | None) -> None:
+    """In a job process: no server sockets, lower priority, a memory ceiling, one PyTorch thread."""
     _close_sockets(conn.fileno())
     try:
         os.setpriority(os.PRIO_PROCESS, 0, 10)        # yield the CPU to the server's request threads
@@ -122,13 +122,20 @@ def _child(conn, fn, params: dict, memory_bytes: int | None, what: str) -> None:
         pass
     if memory_bytes:
         try:                                            # the ceiling: what the process has now, plus the budget
-            now = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-            resource.setrlimit(resource.RLIMIT_AS, (now + memory_bytes, resource.RLIM_INFINITY))
+            resource.setrlimit(resource.RLIMIT_AS, (_vm_bytes() + memory_bytes, resource.RLIM_INFINITY))
         except (OSError, ValueError):
             pass
     if "torch" in sys.modules:                 # before any torch op: a parallel region after fork can hang
         sys.modules["torch"].set_num_threads(JOB_THREADS)
 
+
+def _vm_bytes(field: int = 0) -> int:
+    """This process's virtual size (field 0) or resident size (field 1), in bytes."""
+    return int(open("/proc/self/statm").read().split()[field]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _answer(conn, fn, args: tuple, what: str, after=lambda: {}) -> None:
+    """Run one job and send its result or error as JSON (with what `after()` adds); progress goes the same way."""
     def send(message: dict) -> None:
         conn.send_bytes(json.dumps(message).encode())
 
@@ -136,17 +143,52 @@ def _child(conn, fn, params: dict, memory_bytes: int | None, what: str) -> None:
         send({"progress": fraction, "message": message})
 
     try:
-        result = fn(params, progress)
-        send({"result": result})
+        result = fn(*args, progress)
+        send({"result": result, **after()})
     except BaseException as err:       # everything, even SystemExit: the parent hears why
         try:
             kind, message = _classify(err, what)
-            send({"error": kind, "message": message})
+            send({"error": kind, "message": message, **after()})
         except BaseException:
             pass
+
+
+def _child(conn, fn, params: dict, memory_bytes: int | None, what: str) -> None:
+    """A process forked for one job: the job, its answer, exit."""
+    _prepare_child(conn, memory_bytes)
+    try:
+        _answer(conn, fn, (params,), what)
     finally:
         conn.close()
         os._exit(0)                    # no atexit handlers, no flushing of the parent's buffers
+
+
+RETIRE_GROWTH_BYTES = 256 * 2 ** 20     # a reused worker that has grown this much since it started is replaced
+IDLE_EXIT_S = 60.0                      # a reused worker with no job for this long exits (apps that are gone)
+IDLE_REPLACE_S = 45.0                   # the server replaces one idle this long itself, so it never races the exit
+
+
+def _worker(conn, worker_fn, memory_bytes: int | None, what: str) -> None:
+    """A reused job process: jobs (name and parameters, as JSON) in, answers out, until told to stop or grown."""
+    _prepare_child(conn, memory_bytes)
+    start = _vm_bytes(1)
+
+    def grown() -> bool:                  # Python keeps memory it freed: a worker that grew starts afresh
+        return _vm_bytes(1) > start + RETIRE_GROWTH_BYTES
+
+    try:
+        while conn.poll(IDLE_EXIT_S):
+            try:
+                job = json.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                break
+            _answer(conn, worker_fn, (job["name"], job["params"]), what,
+                    after=lambda: {"retire": True} if grown() else {})
+            if grown():
+                break
+    finally:
+        conn.close()
+        os._exit(0)
 
 
 def _memory_budget() -> int | None:
@@ -163,8 +205,13 @@ def _memory_budget() -> int | None:
 class JobRunner:
     def __init__(self, workers: int = 1, queue: int = 4, cache_size: int = 128, time_limit_s: float = 300.0,
                  cache_bytes: int = 32 * 2 ** 20, per_client: int | None = None, queue_cost: float = math.inf,
-                 memory_bytes: int | None = -1, what: str = "kernel", processes: bool = True):
+                 memory_bytes: int | None = -1, what: str = "kernel", processes: bool = True,
+                 worker_fn: Callable[[str, dict, Callable], dict] | None = None):
         self.processes = processes      # False: jobs run in the waiting thread (CUDA cannot be used after fork)
+        # With a worker_fn(name, params, progress), each waiting thread keeps one job process and reuses it
+        # (replaced when it dies, is killed at a time limit, or has grown): no fork, and no copy-on-write
+        # faults in the server, per job. Without one, each job gets a process forked for it.
+        self.worker_fn, self.local = worker_fn, threading.local()
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"kvx-{what}")
         self.capacity = workers + queue
         self.per_client = per_client or self.capacity
@@ -241,20 +288,15 @@ class JobRunner:
         job.status, job.started = "running", time.monotonic()
         if not self.processes:
             return self._run_here(job, fn)
-        reader, writer = _FORK.Pipe(duplex=False)
         try:
-            process = _FORK.Process(target=_child, args=(writer, fn, job.params, self.memory_bytes, self.what),
-                                    daemon=True)
-            process.start()
+            process, reader = self._process_for(job, fn)
         except OSError as err:                           # no process to be had (out of memory or of pids)
             job.error, job.status = UNAVAILABLE, "error"
             job.message = f"The server could not start a worker for this job ({err.strerror}); try again later."
             job.finished = time.monotonic()
             return
-        finally:
-            writer.close()
         job.pid = process.pid
-        answered = False
+        answered = retire = False
         try:
             while not answered:
                 left = job.started + self.time_limit_s - time.monotonic()
@@ -271,19 +313,26 @@ class JobRunner:
                     job.progress = max(job.progress, min(1.0, float(message["progress"])))
                     job.message = str(message.get("message", ""))
                 elif "result" in message:
-                    answered = True
+                    answered, retire = True, bool(message.get("retire"))
                     job.result, job.progress = message["result"], 1.0
                     job.finished = time.monotonic()          # the job ended when its answer came
                     self._remember(self.key(job.kernel, job.params), job.result, job.seconds)
                     job.status = "done"
                 else:
-                    answered = True
+                    answered, retire = True, bool(message.get("retire"))
                     if job.status != "error":
                         job.error, job.message, job.status = message["error"], message["message"], "error"
         finally:
+            reused = self.worker_fn is not None
             if process.is_alive() and not answered:
                 process.kill()                            # past its limit: the CPU is free at once
-            process.join(5)
+            if not reused or not answered or retire:      # this process is done: the next job gets a new one
+                if reused:
+                    reader.close()                        # a retiring worker sees EOF and exits
+                    self.local.worker = None
+                process.join(5)
+            elif reused:
+                self.local.worker = (process, reader, time.monotonic())   # idle from now
             if not answered and job.status != "error":
                 self.deaths += 1
                 code = process.exitcode
@@ -292,10 +341,45 @@ class JobRunner:
                 job.error, job.status = DIED, "error"
                 job.message = (f"The worker process running this {self.what} job {how}{oom}; it has been replaced. "
                                f"Try again later, or ask for less.")
-            reader.close()
+            if not reused:
+                reader.close()
             job.pid = None
             if job.finished is None:
                 job.finished = time.monotonic()
+
+    def _process_for(self, job: Job, fn):
+        """(process, connection) for this job: this thread's reused worker, or a process forked for the job."""
+        if self.worker_fn is None:
+            reader, writer = _FORK.Pipe(duplex=False)
+            try:
+                process = _FORK.Process(target=_child, args=(writer, fn, job.params, self.memory_bytes, self.what),
+                                        daemon=True)
+                process.start()
+            finally:
+                writer.close()
+            return process, reader
+        request = json.dumps({"name": job.kernel, "params": job.params}).encode()
+        for _ in range(2):                         # a worker that died while idle is replaced once
+            worker = getattr(self.local, "worker", None)
+            if worker is not None and time.monotonic() - worker[2] > IDLE_REPLACE_S:
+                worker[1].close()                  # about to exit by itself: replace it now instead
+                worker[0].join(5)
+                worker = None
+            if worker is None or not worker[0].is_alive():
+                here, there = _FORK.Pipe(duplex=True)
+                process = _FORK.Process(target=_worker, args=(there, self.worker_fn, self.memory_bytes, self.what),
+                                        daemon=True)
+                process.start()
+                there.close()
+                worker = (process, here, time.monotonic())
+            try:
+                worker[1].send_bytes(request)
+                self.local.worker = worker
+                return worker[0], worker[1]
+            except OSError:
+                worker[1].close()
+                self.local.worker = None
+        raise OSError(0, "its worker process would not take it")
 
     def _run_here(self, job: Job, fn) -> None:
         """Without processes (a CUDA device: its context does not survive a fork), the job runs in this thread

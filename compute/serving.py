@@ -8,7 +8,8 @@ whose headers have not all arrived:
 - a header deadline: a connection must deliver a complete request line and headers within
   `header_timeout_s` of opening (or of its previous answer); a client that trickles bytes (slowloris)
   is closed. Uvicorn's keep-alive timer restarts on every byte received, so it cannot catch this.
-- a connection cap below the open-file limit. At the cap, a new connection evicts the connection that
+- a connection cap below the open-file limit (less a reserve for the server's own files and one accept
+  burst: asyncio stops accepting for a second when accept() fails with EMFILE). At the cap, a new connection evicts the connection that
   has waited longest without sending a complete request (slow or idle ones), so health checks and real
   clients get in while slow clients hold sockets; only when every connection is busy with a request is
   the newcomer closed. Uvicorn's `limit_concurrency` is not used: it still accepts and keeps the socket
@@ -31,9 +32,14 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 HEADER_TIMEOUT_S = 10.0          # complete request line and headers within this of opening (or the last answer)
-KEEP_ALIVE_S = 5                 # uvicorn's idle keep-alive timeout
+# uvicorn's idle keep-alive timeout: twice the Retry-After (5 s) the API sends, so that a client retrying after
+# a 503 does not race the server closing its idle connection (a POST on a connection closed under it is lost).
+KEEP_ALIVE_S = 10
 MAX_HEADER_BYTES = 16 * 1024     # h11's incomplete-event limit: request line and headers together
-FD_RESERVE = 64                  # descriptors kept for the server's own files, pipes to workers, logs
+BACKLOG = 64                     # listen backlog; asyncio also accepts up to this many sockets in one burst
+# Descriptors kept free: the server's own files, pipes to job processes, logs, and one accept burst, since
+# asyncio accepts a burst before any connection_made can evict (at EMFILE it stops accepting for a second).
+FD_RESERVE = 64 + BACKLOG
 
 
 def connection_cap(reserve: int = FD_RESERVE) -> int:
@@ -154,6 +160,6 @@ def server_config(app, host: str = "127.0.0.1", port: int = 8000, header_timeout
         "header_timeout_s": header_timeout_s, "max_connections": max_connections or connection_cap()})
     config = uvicorn.Config(app, host=host, port=port, http=protocol, log_level=log_level,
                             timeout_keep_alive=KEEP_ALIVE_S, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
-                            backlog=128, server_header=False)
+                            backlog=BACKLOG, server_header=False)
     rate_limit_logs()                             # after Config, which (re)configures uvicorn's loggers
     return config

@@ -75,7 +75,7 @@ def evaluations(request_or_app) -> JobRunner:
         state.evaluations = JobRunner(s.explainer_workers, s.explainer_queue, cache_size=1024,
                                       time_limit_s=s.explainer_time_limit_s, cache_bytes=s.cache_bytes,
                                       per_client=s.explainer_per_client, queue_cost=s.explainer_queue_seconds,
-                                      memory_bytes=s.job_memory_bytes, what="model")
+                                      memory_bytes=s.job_memory_bytes, what="model", worker_fn=_evaluate)
         state.explainer_costs = CostEstimate()
     return state.evaluations
 
@@ -98,6 +98,12 @@ def unprocessable(field: str, message: str, kind: str = "value_error") -> JSONRe
 
 def busy(status: int, detail: str) -> JSONResponse:
     return JSONResponse(status_code=status, headers={"Retry-After": str(RETRY_AFTER_S)}, content={"detail": detail})
+
+
+def _evaluate(slug: str, values: dict, progress) -> dict:
+    """One evaluation in a reused job process (jobs.JobRunner's worker_fn): a fork per cheap evaluation would
+    cost the server more than the evaluation (about 25 ms holding the GIL, then copy-on-write faults)."""
+    return _evaluate_in_job(slug)(values, progress)
 
 
 def _evaluate_in_job(slug: str, data: dict | None = None):

@@ -5,7 +5,7 @@
 Starts `kvx serve` on 127.0.0.1 (never another address) under `ulimit -n 1024`, with a tiny site, then runs
 a baseline and five attacks, each for about `--seconds` (the slow-connection one a little longer), while a
 prober in a separate process (so the attack's own GIL does not slow it) times GET /api/v1/health and a static
-page on fresh connections every 100 ms:
+page on fresh connections every 50 ms:
 
 1. slow: 1,100 connections that each send a request's headers one byte every 2 s (slowloris), more than
    the server's 1,024 open files;
@@ -73,7 +73,7 @@ def prober(port: int, static: str, stop, out) -> None:
         for kind, path in (("health", "/api/v1/health"), ("static", static)):
             status, seconds = _get(port, path)
             rows.append((kind, status, seconds))
-        time.sleep(0.1)
+        time.sleep(0.05)
     out.put(rows)
 
 
@@ -236,6 +236,14 @@ async def retrying(client: httpx.AsyncClient, tally: Tally, what: str, path: str
         except httpx.HTTPError as err:
             tally.add(what, None, f"{type(err).__name__}: {err}")
             return
+        if r.status_code == 202:                      # a kernel job: follow it to its end (or the phase's)
+            while r.status_code == 202 and time.monotonic() < until:
+                await asyncio.sleep(0.5)
+                try:
+                    r = await client.get(r.json()["status_url"])
+                except httpx.HTTPError as err:
+                    tally.add(what, None, f"{type(err).__name__}: {err}")
+                    return
         tally.add(what, r)
         if r.status_code not in (429, 503):
             return

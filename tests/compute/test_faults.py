@@ -77,13 +77,16 @@ def raw_exchange(url: str, requests: list[bytes]) -> list[tuple[int, dict, bytes
     out = []
     with socket.create_connection((urlparse(url).hostname, urlparse(url).port), timeout=10) as s:
         for request in requests:
-            s.sendall(request)
             data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = s.recv(65536)
-                if not chunk:
-                    return out                       # closed before answering
-                data += chunk
+            try:
+                s.sendall(request)
+                while b"\r\n\r\n" not in data:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        return out                   # closed before answering
+                    data += chunk
+            except (BrokenPipeError, ConnectionResetError):
+                return out                           # closed (a reset if our next request was still unread)
             head, _, body = data.partition(b"\r\n\r\n")
             lines = head.decode("latin-1").split("\r\n")
             headers = dict((k.lower(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:]))
