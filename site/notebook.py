@@ -251,7 +251,7 @@ class NotebookExplainer:
 def show(slug: str, **params):
     """The explainer `slug`, live, starting from `params` (the page's URL parameters, as Python values)."""
     global _extension_loaded
-    if not _extension_loaded and pn.state.curdoc is None:     # in Jupyter: load Panel's JS once
-        pn.extension()
+    if not _extension_loaded and pn.state.curdoc is None:     # in Jupyter: load Panel's JS once,
+        pn.extension(inline=True)                              # into the notebook itself, not from a CDN
         _extension_loaded = True
     return NotebookExplainer(slug, **params).panel
