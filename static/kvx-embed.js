@@ -39,7 +39,6 @@
       root.style.overflowY = "hidden";       // the parent sizes us: a scrollbar here would only flicker
       post(true);
     });
-    keepSettingsInLink();
   }
 
   // "Open in kvx ↗" opens the full page with the reader's current settings: the page keeps them in
@@ -155,7 +154,8 @@
 
   if (window.__kvxEmbed) return;              // loaded twice (one script tag per directive): once is enough
   window.__kvxEmbed = true;
-  const embedded = new URLSearchParams(location.search).get("embed") === "1" && window.parent !== window;
-  if (embedded && document.querySelector('script[type="application/json"]#kvx-config')) child();
+  const explainer = document.getElementById("kvx-config") !== null;      // an explainer page, not another site's
+  if (explainer) keepSettingsInLink();
+  if (explainer && new URLSearchParams(location.search).get("embed") === "1" && window.parent !== window) child();
   else parent();
 })();
