@@ -9,8 +9,12 @@ PORT ?= 8000
 # The eviction parity tests' reference (see pyproject.toml, test extra): without its declared dependencies,
 # which would replace the installed transformers; the tests stub what it imports but never uses.
 KVPRESS := kvpress==0.5.5
+# The radix tree's side-by-side test runs SGLang's own RadixCache code (tests/explainers/test_radix_against_sglang.py):
+# only its mem_cache sources are unpacked from the released wheel (the wheel's dependencies are never installed).
+SGLANG := sglang==0.5.23
+SGLANG_SRC := .cache/sglang-0.5.23
 
-.PHONY: serve test build setup chromium pyodide bench
+.PHONY: serve test build setup chromium pyodide bench sglang-src
 
 $(BIN)/kvx: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -35,8 +39,15 @@ build: $(BIN)/kvx pyodide
 serve: build
 	$(BIN)/kvx serve --host $(HOST) --port $(PORT) --site build/site
 
-test: $(BIN)/kvx chromium pyodide
-	$(BIN)/python -m pytest
+sglang-src: $(SGLANG_SRC)/sglang/srt/mem_cache/radix_cache.py
+
+$(SGLANG_SRC)/sglang/srt/mem_cache/radix_cache.py: | $(BIN)/kvx
+	$(BIN)/pip download -q --no-deps -d .cache/wheels '$(SGLANG)'
+	$(BIN)/python -c "import glob, zipfile; z = zipfile.ZipFile(glob.glob('.cache/wheels/sglang-0.5.23-*.whl')[0]); \
+	  z.extractall('$(SGLANG_SRC)', [n for n in z.namelist() if n.startswith('sglang/srt/mem_cache/')])"
+
+test: $(BIN)/kvx chromium pyodide sglang-src
+	KVX_SGLANG_SRC=$(SGLANG_SRC) $(BIN)/python -m pytest
 
 bench: build chromium
 	$(BIN)/python tests/benchmarks/bench_pages.py --site build/site

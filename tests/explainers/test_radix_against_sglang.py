@@ -3,7 +3,7 @@
 Needs SGLang 0.5.23's source, which is not a dependency (its wheel is 39 MB and pulls CUDA packages):
     pip download sglang==0.5.23 --no-deps -d /tmp/sgl && unzip -q /tmp/sgl/sglang-0.5.23-*.whl -d /tmp/sglx
     KVX_SGLANG_SRC=/tmp/sglx .venv/bin/python -m pytest tests/explainers/test_radix_against_sglang.py
-Skipped without KVX_SGLANG_SRC. The files radix_cache.py, base_prefix_cache.py, cache_init_params.py,
+`make test` unpacks those sources into .cache/ and sets KVX_SGLANG_SRC; run alone, it is skipped without it. The files radix_cache.py, base_prefix_cache.py, cache_init_params.py,
 evict_policy.py and mem_cache/utils.py run as released; every other sglang module they import (KV events,
 metrics, allocators, kernels) is an inert stand-in, the allocator's frees do nothing, and time.monotonic
 is a counter, so the run is deterministic (SGLang's clock only orders events).
