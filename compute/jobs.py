@@ -209,8 +209,8 @@ class JobRunner:
                  worker_fn: Callable[[str, dict, Callable], dict] | None = None):
         self.processes = processes      # False: jobs run in the waiting thread (CUDA cannot be used after fork)
         # With a worker_fn(name, params, progress), each waiting thread keeps one job process and reuses it
-        # (replaced when it dies, is killed at a time limit, or has grown): no fork, and no copy-on-write
-        # faults in the server, per job. Without one, each job gets a process forked for it.
+        # (replaced when it dies, is killed at a time limit, its job fails, or it has grown): no fork, and no
+        # copy-on-write faults in the server, per job. Without one, each job gets a process forked for it.
         self.worker_fn, self.local = worker_fn, threading.local()
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"kvx-{what}")
         self.capacity = workers + queue
@@ -326,6 +326,7 @@ class JobRunner:
             reused = self.worker_fn is not None
             if process.is_alive() and not answered:
                 process.kill()                            # past its limit: the CPU is free at once
+            retire = retire or job.status == "error"      # a job that raised may have left its process broken
             if not reused or not answered or retire:      # this process is done: the next job gets a new one
                 if reused:
                     reader.close()                        # a retiring worker sees EOF and exits
