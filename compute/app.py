@@ -127,7 +127,8 @@ def _include_kernels(app: FastAPI, settings: Settings) -> None:
     app.state.jobs = JobRunner(settings.kernel_workers, settings.kernel_queue,
                                time_limit_s=settings.kernel_time_limit_s, cache_bytes=settings.cache_bytes,
                                per_client=settings.kernel_per_client, memory_bytes=settings.job_memory_bytes,
-                               processes=device_info()["device"] == "cpu")     # CUDA does not survive a fork
+                               processes=device_info()["device"] == "cpu",     # CUDA does not survive a fork
+                               worker_fn=kernels.run_job)
     app.include_router(kernels.router, prefix="/api/v1")
 
 
