@@ -3,6 +3,7 @@ point) returns for the same parameters, through changes, bad values, animation f
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -80,3 +81,23 @@ def test_run_it_here_runs_the_kernel_in_this_process():
     assert nb.model("run:button").disabled is False
     nb.run_here()
     assert nb.model("text:run_result").text.startswith("Measured on CPU")
+
+
+def test_kvx_show_in_a_jupyter_kernel_is_inline_and_holds_the_view():
+    """A real Jupyter kernel runs `kvx.show`: Panel's and Bokeh's JS go into the notebook itself (no URL to
+    fetch them from), and the displayed document holds the page's named sources and controls."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import kvx\nkvx.show('paging', requests=20)")]
+    nbclient.NotebookClient(nb, timeout=240, kernel_name="python3").execute()
+    outputs = nb.cells[0].outputs
+    loads = [o["data"]["application/javascript"] for o in outputs if "application/javascript" in o.get("data", {})]
+    assert any("/* BEGIN bokeh.min.js */" in js for js in loads)              # BokehJS itself, inline
+    for js in loads:
+        for kind in ("js_urls", "css_urls"):
+            assert set(re.findall(rf"{kind} = \[[^\]]*\]", js)) <= {f"{kind} = []"}, kind   # nothing to fetch from a CDN
+    shown = next(o for o in outputs if o["output_type"] == "execute_result")
+    assert "application/vnd.holoviews_exec.v0+json" in shown["data"]
+    doc = shown["data"]["text/html"]
+    assert all(name in doc for name in ("source:series", "param:requests", "anim:frame", "text:block_table"))
