@@ -76,6 +76,18 @@ def load_md(x: dict) -> list[str]:
                           f"peak memory (VmHWM) {x['server_peak_rss_mb']:.0f} MB."]
 
 
+def attack_md(x: dict) -> list[str]:
+    from attack_server import table   # the attack suite's own table
+    slow = next(p for p in x["phases"] if p["phase"] == "slow")
+    return [f"`kvx serve` on 127.0.0.1 under `ulimit -n {x['open_file_limit']}`, about {x['seconds_per_phase']:g} s a "
+            f"phase; health and a static page probed every 50 ms on fresh connections from a separate process. "
+            f"Errors are answers other than 2xx, a 422 refusal or a 429/503 with Retry-After, and failed probes. "
+            f"Peak RSS is the server and its job processes together.", "", table(x), "",
+            f"Worst health p99 ÷ baseline: {x['worst_ratio']:.2f} (target at most 3); errors: {x['errors']} "
+            f"(target 0). Slow connections: {slow['opened']:,} opened, {slow['closed_by_server']:,} closed by the "
+            f"server; its log grew {slow['log_growth_bytes']:,} bytes meanwhile."]
+
+
 def radix_md(r: dict) -> list[str]:
     lines = [f"One replica's radix tree over a {r['rows'][-1]['requests']:,}-request conversation-like trace, a "
              f"{r['cache_blocks']:,}-block (10M-token) cache. Baseline: a dict-insert loop over the same hash ids.",
@@ -102,7 +114,7 @@ def main() -> int:
     bench, out = Path(a.bench), Path(a.out)
     parts = {"pages": load(bench, "bench.json"), "kernels": load(bench, "kernels.json"),
              "server": load(bench, "server.json"), "load": load(bench, "load.json"),
-             "radix": load(bench, "radix.json")}
+             "radix": load(bench, "radix.json"), "attack": load(bench, "attack.json")}
     md = ["# kvx benchmark report", "",
           f"Written {datetime.date.today().isoformat()} by `make bench` (tests/benchmarks/). Speeds vary by machine; "
           "compare the ratios against each part's baseline, which was measured in the same run.", ""]
@@ -110,7 +122,8 @@ def main() -> int:
                 ("Kernels (tests/benchmarks/bench_kernels.py)", "kernels", kernels_md),
                 ("Compute server, per endpoint (tests/benchmarks/bench_server.py)", "server", server_md),
                 ("Compute server under load (tests/benchmarks/load_server.py)", "load", load_md),
-                ("Radix prefix cache replay (tests/benchmarks/bench_radix.py)", "radix", radix_md)]
+                ("Radix prefix cache replay (tests/benchmarks/bench_radix.py)", "radix", radix_md),
+                ("Compute server under attack (tests/benchmarks/attack_server.py)", "attack", attack_md)]
     for title, key, render in sections:
         md += [f"## {title}", ""]
         md += render(parts[key]) if parts[key] else ["Not measured in this run."]
