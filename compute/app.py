@@ -22,6 +22,7 @@ from kvx.compute.responses import FiniteJSONResponse
 from kvx.compute.routers import explainers, health
 from kvx.compute.security import BodyLimit, CatchAll, SecurityHeaders, short
 from kvx.compute.settings import Settings
+from kvx.compute.static_files import SiteFiles
 from kvx.explainers.registry import REGISTRY
 
 DOCS_ASSETS = "/docs-assets"
@@ -200,7 +201,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     _api_fallback(app)
 
     if settings.site_dir.is_dir():
-        app.mount("/", StaticFiles(directory=settings.site_dir, html=True), name="site")
+        app.mount("/", SiteFiles(directory=settings.site_dir, html=True), name="site")   # cache headers, .br/.gz
     else:
         @app.get("/", include_in_schema=False)
         def no_site() -> HTMLResponse:

@@ -230,7 +230,8 @@ class SecurityHeaders:
                 if message.get("more_body", False):
                     return
                 html = b"".join(body)
-                held["headers"].append((b"content-security-policy", self._policy(html).encode()))
+                coding = dict((k.lower(), v) for k, v in held["headers"]).get(b"content-encoding", b"")
+                held["headers"].append((b"content-security-policy", self._policy(_decoded(html, coding)).encode()))
                 await send(held)
                 return await send({"type": "http.response.body", "body": b"" if head else html,
                                    "more_body": False})
@@ -239,6 +240,17 @@ class SecurityHeaders:
             return await send(message)
 
         return await self.app(scope, receive, wrapped)
+
+
+def _decoded(body: bytes, coding: bytes) -> bytes:
+    """A precompressed page (compute/static_files.py) as the browser will see it, to hash its scripts."""
+    if coding == b"gzip":
+        import gzip
+        return gzip.decompress(body)
+    if coding == b"br":
+        import brotli
+        return brotli.decompress(body)
+    return body
 
 
 async def _json(send, status: int, detail: str) -> None:

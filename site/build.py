@@ -16,16 +16,21 @@ from pathlib import Path
 
 import jinja2
 import markdown
-from bokeh.embed import components
 
 from kvx.compute import VERSION
 from kvx.explainers.core import baked
 from kvx.explainers.registry import LEVELS, REGISTRY, Explainer
+from kvx.compute.security import headers_file
+from kvx.site import assets
+from kvx.site.dom_layout import embed
 from kvx.site.model_wheel import build_model_wheel
-from kvx.site.vendor import vendor_bokeh, vendor_pyodide
+from kvx.site import widgets
+from kvx.site.snapshot import make_snapshot
+from kvx.site.vendor import PYODIDE_VERSION, vendor_bokeh, vendor_pyodide
 
 SITE_DIR = Path(__file__).parent
 STATIC_DIR = SITE_DIR.parent / "static"
+RUNTIME = ("kvx-page.js", "kvx-worker.mjs", "kvx.css")     # loaded by every page: content-hashed
 _MD_EXTENSIONS = ["attr_list", "tables"]
 
 
@@ -94,19 +99,22 @@ def fresh_bakes() -> dict[str, str]:
     return out
 
 
-def render_explainer(env: jinja2.Environment, e: Explainer, bokeh_js: list[str], wheel_name: str,
+def render_explainer(env: jinja2.Environment, e: Explainer, bokeh_js: list[str], paths: dict[str, str],
                      terms: dict[str, Term]) -> str:
+    """paths: site-relative URLs of the hashed assets: the runtime's files by name, "wheel", "pyodide"."""
     params = e.params()
     data = e.page_data(params)
     bake_measurement(e, params, data)
     view = importlib.import_module(f"kvx.explainers.{e.slug.replace('-', '_')}.view")
-    script, div = components(view.layout(e.params, params.as_dict(), data))
+    script, div = embed(widgets.calm_plots(view.layout(e.params, params.as_dict(), data)), data.get("texts", {}))
     config = {
         "slug": e.slug,
         "defaults": params.as_dict(),
         "baked": data,
-        "worker": "static/kvx-worker.mjs",
-        "wheel": f"wheels/{wheel_name}",
+        "worker": paths["kvx-worker.mjs"],
+        "pyodide": paths["pyodide"],
+        "wheel": paths["wheel"],
+        "snapshot": paths.get("snapshot"),      # None: the build could not make one; the worker boots normally
         "api": "api/v1",                     # same origin: `kvx serve` puts the API beside the site
     }
     return env.get_template("explainer.html").render(
@@ -117,15 +125,26 @@ def render_explainer(env: jinja2.Environment, e: Explainer, bokeh_js: list[str],
 
 def build(out: Path) -> Path:
     out = Path(out)
-    for name in ("vendor", "static", "wheels", "api"):
+    for name in ("vendor", "static", "wheels", "api", assets.ASSETS):
         shutil.rmtree(out / name, ignore_errors=True)
     for old in out.glob("*.html"):
         old.unlink()
     out.mkdir(parents=True, exist_ok=True)
     vendor_pyodide(out / "vendor" / "pyodide")
-    bokeh_js = vendor_bokeh(out / "vendor" / "bokeh")
+    paths = {"pyodide": assets.hashed_dir(out / "vendor" / "pyodide", out, f"pyodide-{PYODIDE_VERSION}") + "/"}
+    names = vendor_bokeh(out / "vendor" / "bokeh")
+    bokeh_dir = assets.hashed_dir(out / "vendor" / "bokeh", out, "bokeh")
+    bokeh_js = [f"{bokeh_dir}/{name}" for name in names]
+    (out / "vendor").rmdir()
     wheel = build_model_wheel(out / "wheels", VERSION, fresh_bakes())
-    shutil.copytree(STATIC_DIR, out / "static")
+    paths["wheel"] = f"{assets.hashed_dir(out / 'wheels', out, 'models')}/{wheel.name}"
+    for name in RUNTIME:
+        paths[name] = assets.hashed_file(STATIC_DIR / name, out)
+    snapshot = make_snapshot(out / paths["pyodide"], out / paths["wheel"], out / "python.snapshot")
+    if snapshot is not None:
+        paths["snapshot"] = assets.hashed_file(snapshot, out)
+        snapshot.unlink()
+    shutil.copytree(STATIC_DIR, out / "static")          # the favicon and images, by name (short-lived cache)
     # On a plain static host the pages' probe for a compute server finds this file instead of a 404
     # (which the browser would log as an error); under `kvx serve` the real endpoint answers first.
     health = out / "api" / "v1" / "health"
@@ -135,11 +154,17 @@ def build(out: Path) -> Path:
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(SITE_DIR / "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined)
+    env.globals["asset"] = paths
     terms = glossary_terms()
     by_id = {t.id: t for t in terms}
     for e in REGISTRY.values():
-        (out / f"{e.slug}.html").write_text(render_explainer(env, e, bokeh_js, wheel.name, by_id))
+        (out / f"{e.slug}.html").write_text(render_explainer(env, e, bokeh_js, paths, by_id))
     path = [(level, [e for e in REGISTRY.values() if e.level == level]) for level in LEVELS]
     (out / "index.html").write_text(env.get_template("index.html").render(path=path, version=VERSION))
     (out / "glossary.html").write_text(env.get_template("glossary.html").render(terms=terms, version=VERSION))
+    made = assets.precompress(out)
+    if not made["br"]:
+        print("kvx build: brotli is not installed, so the site has gzip copies only (pip install brotli)")
+    # One file for static hosts: each page's Content-Security-Policy and every path's caching.
+    (out / "_headers").write_text(headers_file(out) + assets.cache_rules(out))
     return out

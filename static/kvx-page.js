@@ -31,7 +31,8 @@ function urlParams(search) {
   const q = new URLSearchParams(search);
   const out = {};
   for (const k of names) if (q.has(k)) out[k] = q.get(k);
-  return { params: out, step: q.has("step") ? Number(q.get("step")) : null };
+  const step = q.has("step") ? Number(q.get("step")) : NaN;       // abc -> ignored; -3 and 10^9 are clamped
+  return { params: out, step: Number.isFinite(step) ? step : null };
 }
 
 function writeURL(params) {
@@ -41,8 +42,9 @@ function writeURL(params) {
     if (params[k] !== "" && String(params[k]) !== dflt && Number(params[k]) !== Number(dflt)) q.set(k, params[k]);
     else q.delete(k);
   }
-  const opening = anim() && anim().mode === "on_demand" ? cfg.baked.animation.frame : lastFrame();
-  if (anim() && state.frame !== opening) q.set("step", state.frame); else q.delete("step");
+  // The frame is always in the address (a link opens this frame), including one a link asked for
+  // that is still on its way.
+  if (anim()) q.set("step", state.wantFrame !== null ? state.wantFrame : state.frame); else q.delete("step");
   const s = q.toString();
   history.replaceState(null, "", s ? `?${s}` : location.pathname);
 }
@@ -127,7 +129,7 @@ function onFrame(id, reply) {
   for (const [key, cols] of Object.entries(data.sources)) model(`source:${key}`).data = cols;
   state.data.animation = data.animation;
   applyTexts(data.texts || {});
-  model("anim:caption").text = data.animation.caption || "";
+  setText("caption", data.animation.caption || "");
   html.dataset.kvxFrame = String(data.animation.frame);
   html.dataset.kvxFrameApplied = String(Number(html.dataset.kvxFrameApplied || 0) + 1);
 }
@@ -194,6 +196,7 @@ function apply(data, keepFrame) {
     } else {
       showFrame(k);
     }
+    if (keepFrame) writeURL(readParams());             // a reply may move the frame: the address follows
   }
   applyTexts(data.texts || {});
   renderFormula(data.formula || []);
@@ -201,8 +204,21 @@ function apply(data, keepFrame) {
   document.getElementById("kvx-notes").textContent = (data.notes || []).join(" ");
 }
 
+// Texts (block tables, findings, captions, measurements) are plain elements outside Bokeh's layout
+// (site/dom_layout.py): writing one costs a reflow of the page, not a re-layout of every plot.
+// The model's HTML is kept as sent in `shown`, so an unchanged text is not written again and tests can
+// compare it with CPython's exactly (innerHTML would give back the browser's re-serialisation).
+const shown = {};
+function setText(name, text) {
+  if (shown[name] === text) return;
+  const box = document.querySelector(`[data-kvx-text="${name}"]`);
+  if (!box) return;
+  shown[name] = text;
+  box.innerHTML = text;
+}
+
 function applyTexts(texts) {
-  for (const [name, text] of Object.entries(texts)) model(`text:${name}`).text = text;
+  for (const [name, text] of Object.entries(texts)) setText(name, text);
 }
 
 function el(tag, cls, text) {
@@ -239,7 +255,7 @@ function showFrameLocal(k, caption) {
   state.suppress = true;
   model("anim:frame").value = k;
   state.suppress = false;
-  if (caption !== undefined) model("anim:caption").text = caption;
+  if (caption !== undefined) setText("caption", caption);
   html.dataset.kvxFrame = String(k);
 }
 
@@ -258,7 +274,7 @@ function showFrame(k) {
   const cols = {};
   for (const [c, values] of Object.entries(full)) cols[c] = keep.map((i) => values[i]);
   model(`source:${a.source}`).data = cols;
-  model("anim:caption").text = a.captions[k] || "";
+  setText("caption", a.captions[k] || "");
   state.suppress = true;
   model("anim:frame").value = k;
   state.suppress = false;
@@ -312,7 +328,7 @@ async function findServer() {
   }
 }
 
-function say(text) { model("text:run_result").text = text; }
+function say(text) { setText("run_result", text); }
 
 async function runHere() {
   const run = state.data.run;
@@ -356,10 +372,13 @@ function startWorker() {
     if (msg.type === "ready") {
       state.ready = true;
       html.dataset.pyReadyMs = String(Math.round(performance.now()));   // since navigation start
-      html.setAttribute("data-py-ready", "");
+      html.dataset.kvxBoot = msg.from;                                    // "snapshot" or "boot" (tests, bench)
+      // The attribute says "every control is live", which also needs the drawn page (Python may win the race).
+      drawn.then(() => html.setAttribute("data-py-ready", ""));
       state.readyText = `Python is ready (${((performance.now() - t0) / 1000).toFixed(1)} s): every control is live.`;
       setStatus(state.readyText, "ready");
       if (state.queued) { state.queued = false; request(); }
+      else if (state.queuedFrame === null) warmUp();
       if (state.queuedFrame !== null) { const k = state.queuedFrame; state.queuedFrame = null; requestFrame(k); }
     } else if (msg.type === "failed") {
       setStatus(`Python could not start (${msg.message}); the plots keep the precomputed values.`, "failed");
@@ -376,7 +395,17 @@ function startWorker() {
     event.preventDefault();
     workerDied(event.message || "an error in the worker");
   };
-  worker.postMessage({ type: "init", wheel: new URL(cfg.wheel, location.href).href });
+  worker.postMessage({ type: "init", wheel: new URL(cfg.wheel, location.href).href,
+                       pyodide: new URL(cfg.pyodide, location.href).href,
+                       snapshot: cfg.snapshot && new URL(cfg.snapshot, location.href).href });
+}
+
+// Nothing asked yet: evaluate the opening parameters once so the reader's first change does not pay
+// for the model's lazy imports and cold caches. Its reply is not sent back; a real change queues behind it.
+function warmUp() {
+  const params = {};
+  for (const k of names) params[k] = cfg.defaults[k] === null ? "" : String(cfg.defaults[k]);
+  worker.postMessage({ type: "warm", slug: cfg.slug, params });
 }
 
 // A worker that dies (out of memory, a fatal Python error) is replaced on the reader's next change;
@@ -399,13 +428,16 @@ function applyURL(search, initial = false) {
   if (step === null || !anim()) return;
   // An on-demand page redraws its opening frame when the new parameters' data arrives, so ask for the
   // URL's step after that reply (apply() below), not before it.
-  if (requested && anim().mode === "on_demand") state.wantFrame = step;
+  if (requested && anim().mode === "on_demand") state.wantFrame = Math.max(0, Math.round(step));
   else showFrame(step);
+  writeURL(readParams());
 }
 
 function onKey(event) {
   const target = event.composedPath()[0];
   if (target && /^(INPUT|SELECT|TEXTAREA|BUTTON)$/.test(target.tagName)) return;
+  // The focused frame slider moves itself on an arrow key: stepping here too moved it two frames.
+  if (target && target.getAttribute && target.getAttribute("role") === "slider") return;
   if (!anim()) return;
   if (event.key === "ArrowRight") { animation.step(); event.preventDefault(); }
   else if (event.key === "ArrowLeft") { animation.back(); event.preventDefault(); }
@@ -433,9 +465,13 @@ function whenBokehReady() {
 }
 
 window.kvx = { onControl: () => { if (!state.suppress) request(); }, anim: animation, timings, state, runHere,
-               onUpload, clearUpload, get worker() { return worker; } };
+               onUpload, clearUpload, text: (name) => shown[name], get worker() { return worker; } };
 
-doc = await whenBokehReady();
+// Python starts before BokehJS has drawn (it takes 1-2 s on a loaded machine): the two overlap.
+// Nothing in the worker's replies touches Bokeh until the reader changes something, which needs the doc.
+const drawn = whenBokehReady();
+startWorker();
+doc = await drawn;
 state.params = cfg.defaults;
 apply(cfg.baked, false);
 html.setAttribute("data-kvx-drawn", String(Math.round(performance.now())));   // first plot, ms since navigation
@@ -443,5 +479,4 @@ applyURL(location.search, true);
 document.addEventListener("keydown", onKey);
 document.addEventListener("click", onClick);
 window.addEventListener("popstate", () => applyURL(location.search));
-startWorker();
 findServer();

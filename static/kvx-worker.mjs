@@ -1,8 +1,10 @@
 // Runs the explainer's Python model in Pyodide, off the main thread, so the page never freezes.
-// Messages in:  {type: "init", wheel}  then  {type: "run", id, slug, params}
-// Messages out: {type: "ready", ms} | {type: "failed", message} | {type: "result", id, reply}
+// Messages in:  {type: "init", wheel, pyodide, snapshot}  then  {type: "run", id, slug, params}
+//               | {type: "warm", slug, params} (an evaluation whose reply nobody needs: see below)
+// Messages out: {type: "ready", ms, from: "snapshot" | "boot"} | {type: "failed", message} | {type: "result", id, reply}
 //               | {type: "progress", id, share, text} (during a long run)
-import { loadPyodide } from "../vendor/pyodide/pyodide.mjs";
+// Pyodide's folder is named by its content hash (site/assets.py), so the page passes its URL and the
+// worker imports it from there rather than from a fixed relative path.
 
 let pageJson = null;
 let starting = null;
@@ -22,31 +24,55 @@ from kvx.explainers.core import traces
 traces.progress = lambda share, text: js.kvxProgress(share, text)
 page_json`;
 
-async function start(wheelURL) {
-  const t0 = performance.now();
-  const wheel = fetch(new URL(wheelURL, self.location.href)).then((r) => {
-    if (!r.ok) throw new Error(`the model wheel answered HTTP ${r.status}`);
+function download(url, what) {
+  return fetch(new URL(url, self.location.href)).then((r) => {
+    if (!r.ok) throw new Error(`${what} answered HTTP ${r.status}`);
     return r.arrayBuffer();
   });
-  const pyodide = await loadPyodide({
-    indexURL: new URL("../vendor/pyodide/", import.meta.url).href,
-    stdout: () => {}, stderr: (s) => console.warn(s),
-  });
+}
+
+// Restoring the build's memory snapshot (site/snapshot.py: Python started, every model imported) skips
+// the interpreter's start-up and the imports. Anything wrong with it (missing, another Pyodide build,
+// a browser that refuses it) and Python boots the normal way: slower, same answers, nothing to report.
+async function boot(loadPyodide, pyodideURL, snapshotURL) {
+  const options = { indexURL: pyodideURL, stdout: () => {}, stderr: (s) => console.warn(s) };
+  if (snapshotURL) {
+    try {
+      return { pyodide: await loadPyodide({ ...options, _loadSnapshot: download(snapshotURL, "the snapshot") }),
+               from: "snapshot" };
+    } catch (err) {
+      console.info(`kvx: booting Python without the snapshot (${String(err && err.message || err).split("\n")[0]})`);
+    }
+  }
+  return { pyodide: await loadPyodide(options), from: "boot" };
+}
+
+async function start(wheelURL, pyodideURL, snapshotURL) {
+  const t0 = performance.now();
+  const wheel = download(wheelURL, "the model wheel");      // fetched while Pyodide loads, not after
+  wheel.catch(() => {});                                    // reported below, where it is awaited
+  const { loadPyodide } = await import(new URL("pyodide.mjs", pyodideURL).href);
+  const { pyodide, from } = await boot(loadPyodide, pyodideURL, snapshotURL);
   pyodide.FS.writeFile("/tmp/kvx_models.whl", new Uint8Array(await wheel));
   pageJson = pyodide.runPython(INSTALL);
-  return performance.now() - t0;
+  return { ms: performance.now() - t0, from };
 }
 
 self.onmessage = async (event) => {
   const msg = event.data;
   if (msg.type === "init") {
-    starting = start(msg.wheel);
+    starting = start(msg.wheel, msg.pyodide, msg.snapshot);
     try {
-      const ms = await starting;
-      self.postMessage({ type: "ready", ms });
+      const { ms, from } = await starting;
+      self.postMessage({ type: "ready", ms, from });
     } catch (err) {
       self.postMessage({ type: "failed", message: String(err && err.message || err) });
     }
+  } else if (msg.type === "warm") {
+    // Right after ready, with nothing asked yet: the first evaluation pays for lazy imports and cold
+    // caches (7-181 ms measured), so pay it now rather than on the reader's first change.
+    await starting;
+    try { pageJson(msg.slug, JSON.stringify(msg.params)); } catch (err) { /* a real run will report it */ }
   } else if (msg.type === "run") {
     await starting;
     // page_json never raises: a bad value comes back as {ok: false, field, message}. What can still

@@ -54,7 +54,7 @@ def assert_sources_equal(page, data: dict) -> None:
 
 def baked_run_text(page) -> str:
     """The "run it here" text the site build baked: a real measurement, labelled with where it ran."""
-    text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
+    text = page.evaluate("kvx.text('run_result')")
     assert text.startswith("Baked when the site was built") and "Measured on" in text
     return text
 
@@ -64,7 +64,7 @@ def run_here(page, timeout: int) -> str:
     page.wait_for_function("!Bokeh.documents[0].get_model_by_name('run:button').disabled", timeout=10_000)
     page.get_by_role("button", name=re.compile("Run it here")).click()
     page.wait_for_function("Number(document.documentElement.dataset.kvxRun || 0) > 0", timeout=timeout)
-    text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text")
+    text = page.evaluate("kvx.text('run_result')")
     assert text.startswith("Measured on")
     return text
 
@@ -137,7 +137,7 @@ def test_cache_renting_url_state_animation_and_keyboard(offline_page, site_url):
     page.keyboard.press(" ")
     page.wait_for_function(f"document.documentElement.dataset.kvxFrame === '{frames - 1}'", timeout=20_000)
     assert source_data(page, "memory")["kind"][-1] == "rejected"
-    assert "the node is full at 10 sessions" in page.evaluate("Bokeh.documents[0].get_model_by_name('anim:caption').text")
+    assert "the node is full at 10 sessions" in page.evaluate("kvx.text('caption')")
     assert "step=" not in page.url               # the last frame is the default view
 
 
@@ -215,7 +215,7 @@ def test_paging_steps_on_demand_frames_that_equal_cpython(offline_page, site_url
         got = source_data(page, key)
         assert got == {k: pytest.approx(v) if v and isinstance(v[0], float) else v
                        for k, v in want["sources"][key].items()}, key
-    text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:block_table').text")
+    text = page.evaluate("kvx.text('block_table')")
     assert text == want["texts"]["block_table"]
     assert "step=3" in page.url
 
@@ -258,7 +258,7 @@ def test_mla_steps_frames_that_equal_cpython(offline_page, site_url):
         got = source_data(page, key)
         assert got == {k: pytest.approx(v) if v and isinstance(v[0], float) else v
                        for k, v in want["sources"][key].items()}, key
-    text = page.evaluate("Bokeh.documents[0].get_model_by_name('text:step_costs').text")
+    text = page.evaluate("kvx.text('step_costs')")
     assert text == want["texts"]["step_costs"] and "[128 × 512]" in text
     assert "step=9" in page.url
 
@@ -286,7 +286,7 @@ def test_load_balancer_replays_an_uploaded_trace(offline_page, site_url, screens
     page.locator("input[type=file]").set_input_files(str(sample))
     wait_applied(page, before)
     assert_sources_equal(page, want(replicas=3))
-    note = page.evaluate("Bokeh.documents[0].get_model_by_name('text:trace').text")
+    note = page.evaluate("kvx.text('trace')")
     assert note.startswith("Replaying the uploaded trace: 36 requests")
     assert "replicas=3" in page.url and "trace" not in page.url
 
@@ -354,7 +354,7 @@ def test_cross_layer_shows_baked_measurements_and_runs_the_real_kernel(offline_p
     page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
     wait_applied(page, 0)
     assert_sources_equal(page, expected("cross-layer", measure="cosine"))     # the baked heat maps, as CPython reads them
-    assert "Raw cosine of gqa-large" in page.evaluate("Bokeh.documents[0].get_model_by_name('text:similarity').text")
+    assert "Raw cosine of gqa-large" in page.evaluate("kvx.text('similarity')")
     baked = baked_run_text(page)
     assert "gqa-large over 4,096 held-out tokens" in baked and "(the baked heat map: " in baked
     text = run_here(page, timeout=120_000)

@@ -36,7 +36,7 @@ def test_without_a_server_pages_show_baked_measurements_and_say_so(offline_page,
     page.wait_for_function("Bokeh.documents[0].get_model_by_name('run:button').label.includes('no kvx server')",
                            timeout=10_000)
     assert page.evaluate("Bokeh.documents[0].get_model_by_name('run:button').disabled")
-    assert page.evaluate("Bokeh.documents[0].get_model_by_name('text:run_result').text").startswith("Baked when")
+    assert page.evaluate("kvx.text('run_result')").startswith("Baked when")
 
 
 def test_a_dead_worker_is_replaced_on_the_next_change(offline_page, site_url):

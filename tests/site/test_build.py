@@ -1,6 +1,7 @@
 """The static site: every page built, nothing fetched from another host, the model wheel pure."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -31,8 +32,9 @@ def test_no_page_refers_to_another_host(built_site):
 
 def test_vendored_pyodide_matches_the_pinned_hash(built_site):
     assert vendor._integrity(vendor.pyodide_tarball().read_bytes()) == vendor.PYODIDE_INTEGRITY
+    (folder,) = (built_site / "assets").glob(f"pyodide-{vendor.PYODIDE_VERSION}-*")
     for name in vendor.PYODIDE_FILES:
-        assert (built_site / "vendor" / "pyodide" / name).stat().st_size > 0
+        assert (folder / name).stat().st_size > 0
 
 
 def test_index_is_a_reading_path(built_site):
@@ -71,7 +73,7 @@ def test_sections_split_at_headings():
 
 
 def test_model_wheel_holds_models_but_no_views(built_site):
-    (wheel,) = (built_site / "wheels").glob("*.whl")
+    (wheel,) = (built_site / "assets").glob("models-*/*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "kvx/explainers/registry.py" in names and "kvx/explainers/cache_renting/model.py" in names
     assert not [n for n in names if n.endswith("view.py")]
@@ -96,8 +98,72 @@ print("ok", len(REGISTRY))
 
 
 def test_model_wheel_imports_alone_with_heavy_packages_blocked(built_site, tmp_path):
-    (wheel,) = (built_site / "wheels").glob("*.whl")
+    (wheel,) = (built_site / "assets").glob("models-*/*.whl")
     zipfile.ZipFile(wheel).extractall(tmp_path)
     out = subprocess.run([sys.executable, "-I", "-S", "-c", BLOCKER, str(tmp_path)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("ok")
+
+
+# ---- assets: content-hashed names, precompressed copies, one `_headers` for static hosts ------------------
+
+def test_every_asset_a_page_loads_is_named_by_its_content(built_site):
+    import hashlib
+    from kvx.site import assets
+    html = (built_site / "eviction.html").read_text()
+    config = json.loads(re.search(r'id="kvx-config">(.*?)</script>', html, re.S).group(1))
+    loaded = re.findall(r'(?:src|href)="(assets/[^"]+)"', html) + [config["worker"], config["wheel"]]
+    assert len(loaded) >= 5 and all((built_site / p).is_file() for p in loaded), loaded
+    for rel in loaded:
+        path = built_site / rel
+        if path.parent.name == "assets":                          # name.<hash>.ext: the file's own hash
+            assert path.name.split(".")[1] == assets.file_digest(path), rel
+        else:                                                     # a folder of fixed names: the folder's hash
+            assert path.parent.name.endswith("-" + assets.folder_digest(path.parent)), rel
+    assert config["pyodide"].startswith("assets/pyodide-") and config["pyodide"].endswith("/")
+    # The hash is of the bytes: any change to a byte gives another name.
+    assert assets.file_digest(built_site / loaded[0]) != hashlib.sha256(b"").hexdigest()[:10]
+
+
+def test_precompressed_copies_decode_to_the_file(built_site):
+    import gzip
+    import brotli
+    wasm = next((built_site / "assets").glob("pyodide-*/pyodide.asm.wasm"))
+    for path in (wasm, built_site / "eviction.html"):
+        data = path.read_bytes()
+        assert gzip.decompress(path.with_name(path.name + ".gz").read_bytes()) == data
+        assert brotli.decompress(path.with_name(path.name + ".br").read_bytes()) == data
+    assert len(wasm.with_name(wasm.name + ".br").read_bytes()) < 0.5 * len(wasm.read_bytes())
+
+
+def test_headers_file_gives_each_path_one_cache_rule(built_site):
+    """Netlify and Cloudflare Pages merge every rule a path matches, so no path may get two Cache-Controls."""
+    rules, path = {}, None
+    for line in (built_site / "_headers").read_text().splitlines():
+        if line.startswith("/"):
+            path = line
+        else:
+            rules.setdefault(path, []).append(line.strip())
+    assert rules["/assets/*"] == ["Cache-Control: public, max-age=31536000, immutable"] or \
+        "Cache-Control: public, max-age=31536000, immutable" in rules["/assets/*"]
+    for page in ("/eviction.html", "/eviction", "/", "/index.html"):
+        assert "Cache-Control: public, max-age=60, must-revalidate" in rules[page], page
+    for p, lines in rules.items():
+        assert sum(x.startswith("Cache-Control") for x in lines) <= 1, p
+    # /* applies to every path: it must not carry a Cache-Control of its own.
+    assert not any(x.startswith("Cache-Control") for x in rules["/*"])
+
+
+def test_texts_are_plain_dom_outside_bokeh(built_site):
+    """The texts the model rewrites are elements of the page, not Bokeh Divs: changing one re-lays out no plot."""
+    html = (built_site / "eviction.html").read_text()
+    names = re.findall(r'data-kvx-text="([a-z_]+)"', html)
+    assert set(names) == {"rule", "findings", "run_result", "provenance", "caption", "decode_text"}
+    for name in names:
+        assert f'"name":"text:{name}"' not in html, name               # not in the Bokeh document
+    assert '"name":"anim:caption"' not in html
+    assert '"name":"error:budget"' in html or '"name":"error:' in html   # control errors stay by their inputs
+    # The baked texts are in the page before any script runs.
+    eviction = REGISTRY["eviction"]
+    findings = eviction.page_data(eviction.params())["texts"]["findings"]
+    assert findings[:60] in html

@@ -1,0 +1,28 @@
+// Makes the Pyodide memory snapshot the pages restore instead of booting Python (site/snapshot.py runs
+// this with Node at build time):  node snapshot.mjs <pyodide folder> <model wheel> <out file>
+//
+// The snapshot is Python's heap after start-up with every model module imported, so a page skips the
+// interpreter's initialisation and the imports. Pyodide keeps the file system outside that heap, so the
+// worker still unpacks the wheel after restoring (for imports done later, and for baked.json). No
+// JavaScript object may be held by Python when the heap is taken (Pyodide cannot carry it over), so the
+// worker's hooks into JavaScript (traces.progress) are set after restoring, not here.
+import { readFileSync, writeFileSync } from "node:fs";
+import { pathToFileURL } from "node:url";
+import path from "node:path";
+
+const [dir, wheel, out] = process.argv.slice(2);
+const indexURL = path.resolve(dir) + path.sep;
+const { loadPyodide } = await import(pathToFileURL(path.join(indexURL, "pyodide.mjs")).href);
+const pyodide = await loadPyodide({ indexURL, _makeSnapshot: true, stdout: () => {}, stderr: (s) => console.error(s) });
+pyodide.FS.writeFile("/tmp/kvx_models.whl", readFileSync(wheel));
+pyodide.runPython(`
+import importlib, pkgutil, site, zipfile
+zipfile.ZipFile("/tmp/kvx_models.whl").extractall(site.getsitepackages()[0])
+importlib.invalidate_caches()
+import kvx.explainers
+from kvx.explainers.registry import page_json
+for m in pkgutil.walk_packages(kvx.explainers.__path__, "kvx.explainers."):
+    importlib.import_module(m.name)
+del m, page_json
+`);
+writeFileSync(out, pyodide.makeMemorySnapshot());

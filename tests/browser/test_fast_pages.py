@@ -1,0 +1,126 @@
+"""Pages that start fast and cost little the second time: the Python snapshot and its fallback give the
+same values, a second page comes from the browser's cache, assets come compressed with their own types."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+
+from kvx.compute.app import create_app
+from kvx.compute.settings import Settings
+from kvx.explainers.registry import REGISTRY
+
+from .conftest import ARGS, CHROMIUM
+
+READY_MS = 90_000
+SLUG, FIELD, VALUE = "paging", "requests", "57"            # a simulation: a change runs real Python
+
+
+def source_data(page) -> dict:
+    return page.evaluate("""() => { const out = {};
+        for (const m of Bokeh.documents[0].all_models) if (m.name && m.name.startsWith('source:')) {
+          const d = m.data; const cols = {};
+          for (const [k, v] of (d instanceof Map ? d : Object.entries(d))) cols[k] = Array.from(v);
+          out[m.name.slice(7)] = cols; }
+        return out; }""")
+
+
+def change_and_read(page, url: str) -> tuple[str, dict]:
+    page.goto(url)
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+    boot = page.evaluate("document.documentElement.dataset.kvxBoot")
+    before = int(page.evaluate("Number(document.documentElement.dataset.kvxApplied || 0)"))
+    page.evaluate(f"Bokeh.documents[0].get_model_by_name('param:{FIELD}').value = '{VALUE}'")
+    page.wait_for_function(f"Number(document.documentElement.dataset.kvxApplied || 0) > {before}", timeout=30_000)
+    return boot, source_data(page)
+
+
+def test_snapshot_and_normal_boot_give_identical_values(offline_page, site_url, built_site):
+    page = offline_page
+    cfg = json.loads((built_site / f"{SLUG}.html").read_text().split('id="kvx-config">', 1)[1].split("</script>")[0])
+    assert cfg["snapshot"], "the build made no snapshot (is Node installed?)"
+    boot, restored = change_and_read(page, f"{site_url}/{SLUG}.html")
+    assert boot == "snapshot"
+
+    # A snapshot the browser cannot use (here: not a snapshot at all) must leave the reader with a working page.
+    page.context.route("**/*.snapshot", lambda route: route.fulfill(status=200, body=b"not a snapshot" * 8,
+                                                                       content_type="application/octet-stream"))
+    boot, booted = change_and_read(page, f"{site_url}/{SLUG}.html")
+    assert boot == "boot"
+    assert "could not" not in page.locator("#kvx-status").inner_text()
+    assert booted == restored
+    e = REGISTRY[SLUG]
+    want = json.loads(json.dumps(e.page_data(e.params.from_mapping({FIELD: VALUE}))))
+    for key, cols in want["sources"].items():
+        for col, values in cols.items():
+            got = restored[key][col]
+            assert got == pytest.approx(values) if values and isinstance(values[0], float) else got == values, (key, col)
+
+
+class Counted:
+    """Bytes the server sends (headers and bodies, as sent): what a load costs on the wire."""
+
+    def __init__(self, app):
+        self.app, self.total = app, 0
+
+    async def __call__(self, scope, receive, send):
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                self.total += 17 + sum(len(k) + len(v) + 4 for k, v in message.get("headers", []))
+            elif message["type"] == "http.response.body":
+                self.total += len(message.get("body", b""))
+            await send(message)
+        return await self.app(scope, receive, counted)
+
+
+@pytest.fixture
+def counted_site(built_site):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = Counted(create_app(Settings(site_dir=built_site)))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    yield app, f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_second_page_costs_under_0_3_mb_on_the_wire(playwright, counted_site, tmp_path):
+    app, url = counted_site
+    # A persistent profile: a disk cache, as a reader's browser has.
+    ctx = playwright.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
+                                                       args=ARGS, headless=True)
+    page = ctx.pages[0] if ctx.pages else ctx.new_page()
+    responses = []
+    page.on("response", lambda r: responses.append(r))
+    try:
+        page.goto(f"{url}/cache-renting.html")
+        page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+        first = app.total
+        # Pyodide, BokehJS, the wheel and the snapshot: several MB even compressed (so the counting counts).
+        assert first > 3_000_000, first
+        wasm = next(r for r in responses if r.url.endswith("pyodide.asm.wasm"))
+        headers = wasm.all_headers()
+        assert headers["content-type"] == "application/wasm"
+        assert headers["content-encoding"] in {"br", "gzip"}          # Chromium offers br over HTTPS only
+        assert headers["cache-control"] == "public, max-age=31536000, immutable"
+        assert headers["vary"] == "Accept-Encoding"
+        html = next(r for r in responses if r.url.endswith("cache-renting.html")).all_headers()
+        assert html["cache-control"] == "public, max-age=60, must-revalidate"
+
+        page.wait_for_timeout(500)                    # the page's last requests (the server probe) land first
+        app.total = 0
+        page.goto(f"{url}/prompt-caching.html")
+        page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+        page.wait_for_timeout(500)
+        assert app.total <= 300_000, app.total
+    finally:
+        ctx.close()
