@@ -31,8 +31,7 @@ function urlParams(search) {
   const q = new URLSearchParams(search);
   const out = {};
   for (const k of names) if (q.has(k)) out[k] = q.get(k);
-  const step = q.has("step") ? Number(q.get("step")) : NaN;       // abc -> ignored; -3 and 10^9 are clamped
-  return { params: out, step: Number.isFinite(step) ? step : null };
+  return { params: out, step: q.has("step") ? Number(q.get("step")) : null };
 }
 
 function writeURL(params) {
@@ -42,9 +41,8 @@ function writeURL(params) {
     if (params[k] !== "" && String(params[k]) !== dflt && Number(params[k]) !== Number(dflt)) q.set(k, params[k]);
     else q.delete(k);
   }
-  // The frame is always in the address (a link opens this frame), including one a link asked for
-  // that is still on its way.
-  if (anim()) q.set("step", state.wantFrame !== null ? state.wantFrame : state.frame); else q.delete("step");
+  const opening = anim() && anim().mode === "on_demand" ? cfg.baked.animation.frame : lastFrame();
+  if (anim() && state.frame !== opening) q.set("step", state.frame); else q.delete("step");
   const s = q.toString();
   history.replaceState(null, "", s ? `?${s}` : location.pathname);
 }
@@ -196,7 +194,6 @@ function apply(data, keepFrame) {
     } else {
       showFrame(k);
     }
-    if (keepFrame) writeURL(readParams());             // a reply may move the frame: the address follows
   }
   applyTexts(data.texts || {});
   renderFormula(data.formula || []);
@@ -428,16 +425,13 @@ function applyURL(search, initial = false) {
   if (step === null || !anim()) return;
   // An on-demand page redraws its opening frame when the new parameters' data arrives, so ask for the
   // URL's step after that reply (apply() below), not before it.
-  if (requested && anim().mode === "on_demand") state.wantFrame = Math.max(0, Math.round(step));
+  if (requested && anim().mode === "on_demand") state.wantFrame = step;
   else showFrame(step);
-  writeURL(readParams());
 }
 
 function onKey(event) {
   const target = event.composedPath()[0];
   if (target && /^(INPUT|SELECT|TEXTAREA|BUTTON)$/.test(target.tagName)) return;
-  // The focused frame slider moves itself on an arrow key: stepping here too moved it two frames.
-  if (target && target.getAttribute && target.getAttribute("role") === "slider") return;
   if (!anim()) return;
   if (event.key === "ArrowRight") { animation.step(); event.preventDefault(); }
   else if (event.key === "ArrowLeft") { animation.back(); event.preventDefault(); }
