@@ -85,6 +85,7 @@ REGISTRY: dict[str, Explainer] = {e.slug: e for e in [
         evaluate=prefix_reuse.evaluate,
         page_data=prefix_reuse.page_data,
         frame_data=prefix_reuse.frame_data,
+        uploads=("trace",),
         glossary=("kv-cache", "prefix-caching", "radixattention", "cache-eviction"),
     ),
     Explainer(
@@ -97,6 +98,7 @@ REGISTRY: dict[str, Explainer] = {e.slug: e for e in [
         params=agent_sessions.AgentParams,
         evaluate=agent_sessions.evaluate,
         page_data=agent_sessions.page_data,
+        uploads=("trace",),
         glossary=("kv-cache", "prefix-caching", "cache-eviction", "kv-cache-offloading"),
     ),
     Explainer(

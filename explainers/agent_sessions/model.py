@@ -5,6 +5,9 @@ to a long history, then the agent pauses (a tool call, thinking) before its next
 sessions' histories fit, a turn computes only its new tokens; once they do not, a returning session
 finds its history evicted and pays for all of it again, by recomputing it or, with an offload tier,
 by loading it back. Deterministic for a seed. Standard library only: this module runs in the browser.
+
+An uploaded Mooncake-format trace (core/traces.py) replaces the synthetic sessions: its requests are
+replayed in arrival order against the same GPU's KV memory, block by block (core/trace_replay.py).
 """
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ import dataclasses
 import functools
 import heapq
 import random
+
+from ..core import trace_replay, traces
 
 from ..cache_renting.model import CacheRentingParams, evaluate as cache_renting
 from ..core.dtypes import DTYPE_BITS, dtype_bytes
@@ -45,12 +50,21 @@ class AgentParams(Params):
     policy: str = choice("lru", POLICIES, help="Which session's history is evicted first")
     offload: str = choice("none", tuple(OFFLOAD), help="Where evicted history goes (none: dropped)")
     seed: int = integer(0, unit="seed", min=0, max=10_000, help="Seed for the pauses")
+    # An uploaded trace: data, not a parameter (no control, not in the URL). Empty: the synthetic sessions.
+    trace: str = dataclasses.field(default="", repr=False, metadata={})
 
     def __post_init__(self):
         super().__post_init__()
         m = MODELS[self.model]
         # One GPU holds the weights (bf16) and the cache-renting page's workspace; the last turn must fit the model.
         check_weights_fit("model", m, GPUS[self.gpu], 1, 2, "bf16", reserve_bytes_per_gpu=RESERVE_GB * 1e9)
+        if self.trace:
+            traces.parse_trace(self.trace)            # a bad line is refused here, naming its line and field
+            if self.policy == "return-aware":
+                raise ParamError("policy", "policy return-aware needs to know when each session returns, which "
+                                           "only the synthetic sessions say, so with a trace choose lru or lfu; "
+                                           "got return-aware.")
+            return                                    # the synthetic sessions' controls do not apply to a trace
         last = self.initial_tokens + (self.turns - 1) * self.growth_tokens + self.output_tokens
         if last > m.max_context:
             room = m.max_context - self.output_tokens                  # prompt tokens the last turn may hold
@@ -100,8 +114,13 @@ class Turn:
         return self.new_seconds + self.reload_seconds + self.recompute_seconds
 
     @property
+    def history(self) -> int:
+        """Prompt tokens computed before: the session's history (a trace: blocks any earlier request computed)."""
+        return self.cached + self.reloaded + self.recomputed
+
+    @property
     def kind(self) -> str:
-        if self.turn == 0:
+        if self.history == 0:                         # a first turn (synthetic turn 0 has no history, later ones do)
             return "first turn"
         return "recompute" if self.recomputed else "reload" if self.reloaded else "hit"
 
@@ -164,14 +183,14 @@ def _policy_key(policy, last_use, uses, next_start):
 
 
 def summary(turns: tuple[Turn, ...]) -> dict:
-    """Totals over the run. The hit rate counts returning turns only (a first turn has no history to find);
-    with none, there is no hit rate (None), not a 100% that nothing measured."""
-    history = sum(t.cached + t.reloaded + t.recomputed for t in turns if t.turn > 0)
-    returning = sum(t.turn > 0 for t in turns)
+    """Totals over the run. The hit rate counts returning turns only, those with a history to find (every
+    synthetic turn after the first); with none, there is no hit rate (None), not a 100% that nothing measured."""
+    history = sum(t.history for t in turns)
+    returning = sum(t.history > 0 for t in turns)
     return {
         "turns": len(turns),
         "returning_turns": returning,
-        "hit_rate": sum(t.cached for t in turns if t.turn > 0) / history if returning and history else None,
+        "hit_rate": sum(t.cached for t in turns) / history if history else None,
         "reloaded_tokens": sum(t.reloaded for t in turns),
         "recomputed_tokens": sum(t.recomputed for t in turns),
         "mean_turn_seconds": sum(t.seconds for t in turns) / len(turns),
@@ -182,12 +201,64 @@ def summary(turns: tuple[Turn, ...]) -> dict:
     }
 
 
+# ---- an uploaded trace in place of the synthetic sessions ------------------------------------------------
+@functools.lru_cache(maxsize=2)
+def trace_requests(text: str) -> tuple:
+    """The trace's requests in arrival order, each with a session inferred from its hash ids (the
+    load-balancer's rule: a request continues the session whose latest prompt's last full block it holds)."""
+    from ..load_balancer.model import _requests
+    records = traces.parse_trace(text)
+    return _requests(records, traces.BLOCK_SIZE)[0]
+
+
+@functools.lru_cache(maxsize=4)
+def replay_trace(p: AgentParams) -> tuple[Turn, ...]:
+    """Every request of the uploaded trace, replayed in arrival order against one GPU's KV memory held as
+    512-token blocks: found, reloaded from the offload tier, recomputed (computed before, since evicted),
+    or new. Times from the shared time model; turns do not queue, as in the synthetic run."""
+    reqs = trace_requests(p.trace)
+    bw, bpt = OFFLOAD[p.offload] * 1e9, bytes_per_token(p)
+    served = trace_replay.replay(reqs, capacity_tokens(p) // traces.BLOCK_SIZE, p.policy, offload=bool(bw))
+    out = []
+    for i, (q, s) in enumerate(zip(reqs, served)):
+        if i % 2_000 == 0:
+            traces.report(i / len(reqs), f"replaying request {i:,} of {len(reqs):,}")
+        out.append(Turn(q.session, q.turn, q.arrival, q.input_length, s.cached, s.reloaded, s.recomputed,
+                        prefill_s(p, s.new, s.history) if s.new else 0.0, s.reloaded * bpt / (bw or 1),
+                        prefill_s(p, s.recomputed, s.cached + s.reloaded) if s.recomputed else 0.0))
+    return tuple(out)
+
+
+def evaluate_trace(p: AgentParams) -> dict:
+    turns, reqs = replay_trace(p), trace_requests(p.trace)
+    found, total = traces.unlimited_cache_hits(traces.parse_trace(p.trace))
+    cap = capacity_tokens(p) // traces.BLOCK_SIZE * traces.BLOCK_SIZE
+    return {
+        "trace": "uploaded",
+        **summary(turns),
+        "requests": len(turns),
+        "sessions": len({q.session for q in reqs}),
+        "capacity_tokens": capacity_tokens(p),
+        "capacity_blocks": capacity_tokens(p) // traces.BLOCK_SIZE,
+        "prompt_tokens": total,
+        "cached_tokens": sum(t.cached for t in turns),
+        "history_tokens": sum(t.history for t in turns),      # equals `found`: what an unlimited cache finds
+        "prompt_hit_rate": sum(t.cached for t in turns) / total,
+        "unlimited_cache_hit_rate": found / total,
+        "requests_over_capacity": sum(q.input_length > cap for q in reqs),
+        "requests_over_context": sum(q.input_length > MODELS[p.model].max_context for q in reqs),
+    }
+
+
 @functools.lru_cache(maxsize=8)
 def evaluate(p: AgentParams) -> dict:
+    if p.trace:
+        return evaluate_trace(p)
     turns = simulate(p)
     s = summary(turns)
     last_history = p.initial_tokens + (p.turns - 2) * p.growth_tokens      # before the last turn's new tokens
     return {
+        "trace": "synthetic",
         **s,
         "capacity_tokens": capacity_tokens(p),
         # The last turn is the dearest: its new tokens attend to the longest history.
@@ -199,6 +270,8 @@ def evaluate(p: AgentParams) -> dict:
 
 
 def page_data(p: AgentParams) -> dict:
+    if p.trace:
+        return page_data_trace(p)
     r = evaluate(p)
     turns = simulate(p)
     # With one turn per session nobody returns, so no session count has a hit rate: the cliff stays empty.
@@ -222,7 +295,105 @@ def page_data(p: AgentParams) -> dict:
         "notes": [] if r["hit_rate"] is not None else [
             "With one turn per session no session comes back, so there is no history to find and no hit rate: "
             "give the sessions two turns or more."],
+        "texts": {"trace": f"Workload: the synthetic sessions ({p.sessions} sessions × {p.turns} turns). Upload a "
+                           f"Mooncake-format trace above to replay its requests instead."},
     }
+
+
+TRACE_NOTE = ("A Mooncake trace gives each request's arrival, prompt and answer lengths and the hash ids of its "
+              "prompt's 512-token blocks, chained so that an equal id means an equal prefix. It does not say which "
+              "requests belong to one session, how long a tool call paused, or what a request would have done on "
+              "another GPU, so the replay keeps the trace's own arrival times, finds reuse only as shared prefixes "
+              "of hash ids (across sessions too: a shared system prompt counts), and groups requests into sessions "
+              "by prefix chains only to label them. It caches whole blocks: a block is kept or evicted, never part "
+              "of one, and the return-aware policy, which needs each session's next return, is not offered.")
+
+
+def page_data_trace(p: AgentParams) -> dict:
+    """The uploaded trace's requests in place of the synthetic sessions; the cliff (a session count) does not
+    apply, so it stays empty."""
+    r, turns = evaluate(p), replay_trace(p)
+    frames, captions = _frames(turns)
+    notes = [TRACE_NOTE]
+    if r["requests_over_capacity"]:
+        notes.append(f"{r['requests_over_capacity']:,} of the trace's requests have prompts longer than the GPU's "
+                     f"{thousands(r['capacity_tokens'])} tokens of KV memory: only their first blocks are cached.")
+    if r["requests_over_context"]:
+        notes.append(f"{r['requests_over_context']:,} of the trace's prompts are longer than {MODELS[p.model].title}'s "
+                     f"{MODELS[p.model].max_context:,}-token context; they are replayed anyway, priced by the same "
+                     f"time model.")
+    return {
+        "animation": {"source": "turns", "frames": len(captions), "captions": captions},
+        "sources": {
+            "turns": {"start": [t.start for t in turns], "seconds": [t.seconds for t in turns],
+                      "session": [str(t.session) for t in turns], "kind": [t.kind for t in turns],
+                      "prompt": [t.prompt for t in turns], "frame": frames},
+            "cliff": {"sessions": [], "hit_rate": []},
+            "here": {"sessions": [], "hit_rate": []},
+            "split": {"what": ["recompute", "reload", "new tokens"],
+                      "seconds": [r["recompute_seconds"], r["reload_seconds"], r["new_token_seconds"]]},
+        },
+        "ranges": {"turns_x": [0, 1.03 * max(t.start + t.seconds for t in turns)]},
+        "formula": formula_trace(p, r),
+        "readouts": readouts_trace(p, r),
+        "notes": notes,
+        "texts": {"trace": f"Workload: your trace, {r['requests']:,} requests ({thousands(r['prompt_tokens'])} "
+                           f"prompt tokens over {turns[-1].start - turns[0].start:,.1f} s, {r['sessions']:,} "
+                           f"sessions inferred from prefix chains). The sessions, turns, initial, growth, output, "
+                           f"pause and seed controls do not apply to it, the cliff is drawn only for the synthetic "
+                           f"sessions, and a link reproduces only the synthetic workload."},
+    }
+
+
+def formula_trace(p: AgentParams, r: dict) -> list[dict]:
+    bpt, bw, b = bytes_per_token(p), OFFLOAD[p.offload], traces.BLOCK_SIZE
+    rate = lambda x: "none: no request finds history" if x is None else f"{x:.1%}"
+    cached, history = r["cached_tokens"], r["history_tokens"]
+    return [
+        {"name": "KV memory", "formula": "(GPU memory − weights − workspace) ÷ KV bytes per token  (cache-renting)",
+         "substituted": f"{bytes_si(r['capacity_tokens'] * bpt)} ÷ {thousands(bpt)} B",
+         "result": f"{thousands(r['capacity_tokens'])} tokens"},
+        {"name": "Blocks of KV memory", "formula": f"⌊KV tokens ÷ {b} tokens per hash id⌋",
+         "substituted": f"⌊{thousands(r['capacity_tokens'])} ÷ {b}⌋",
+         "result": f"{thousands(r['capacity_blocks'])} blocks, evicted by {p.policy}"
+                   + (f", to {p.offload} at {bw:g} GB/s" if bw else ", dropped")},
+        {"name": "Hit rate", "formula": "history tokens found in GPU memory ÷ history tokens (prompt blocks some "
+                                        "earlier request computed), tokens = blocks × 512, capped at the prompt",
+         "substituted": f"{thousands(cached)} ÷ {thousands(history)} over {r['returning_turns']:,} requests "
+                        f"with history, of {r['requests']:,}",
+         "result": rate(r["hit_rate"])},
+        {"name": "Prompt tokens found", "formula": "tokens found in GPU memory ÷ all prompt tokens",
+         "substituted": f"{thousands(cached)} ÷ {thousands(r['prompt_tokens'])}",
+         "result": f"{r['prompt_hit_rate']:.1%}"},
+        {"name": "Reference: an unlimited cache", "formula": "history tokens ÷ all prompt tokens: every prefix "
+                                                             "seen before is found (core.traces.unlimited_cache_hits)",
+         "substituted": f"{thousands(history)} ÷ {thousands(r['prompt_tokens'])}",
+         "result": f"{r['unlimited_cache_hit_rate']:.1%}"},
+        {"name": "Where the history came from", "formula": "found + reloaded + recomputed = history",
+         "substituted": f"{thousands(cached)} + {thousands(r['reloaded_tokens'])} + "
+                        f"{thousands(r['recomputed_tokens'])}",
+         "result": f"{thousands(history)} tokens"},
+        {"name": "Request time", "formula": "prefill(new after history) + prefill(recomputed after found and "
+                                            "reloaded) + reloaded × KV bytes per token ÷ offload bandwidth",
+         "substituted": f"{r['new_token_seconds']:,.1f} s + {r['recompute_seconds']:,.1f} s + "
+                        f"{r['reload_seconds']:,.1f} s over {r['requests']:,} requests",
+         "result": f"mean {r['mean_turn_seconds']:.2f} s, worst {r['max_turn_seconds']:.2f} s"},
+    ]
+
+
+def readouts_trace(p: AgentParams, r: dict) -> list[dict]:
+    return [
+        {"label": "Hit rate", "value": "none" if r["hit_rate"] is None else f"{r['hit_rate']:.0%}",
+         "detail": "of history found in GPU memory"},
+        {"label": "Workload", "value": f"your trace: {r['requests']:,} requests",
+         "detail": f"an unlimited cache would find {r['unlimited_cache_hit_rate']:.0%} of prompt tokens; "
+                   f"this GPU finds {r['prompt_hit_rate']:.0%}"},
+        {"label": "Mean request", "value": f"{r['mean_turn_seconds']:.2f} s", "detail": f"the worst "
+                                                                                        f"{r['max_turn_seconds']:.2f} s"},
+        {"label": "Recompute vs reload", "value": f"{r['recompute_seconds']:.0f} s / {r['reload_seconds']:.0f} s",
+         "detail": f"{thousands(r['recomputed_tokens'])} tokens recomputed, {thousands(r['reloaded_tokens'])} "
+                   f"reloaded"},
+    ]
 
 
 MAX_FRAMES = 120

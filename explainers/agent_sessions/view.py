@@ -6,6 +6,7 @@ from bokeh.models import HoverTool, NumeralTickFormatter, Range1d
 from bokeh.plotting import figure
 from bokeh.transform import factor_cmap
 
+from kvx.explainers.core import traces
 from kvx.site import widgets
 
 KINDS = ["first turn", "hit", "reload", "recompute"]
@@ -42,6 +43,9 @@ def layout(params_cls, values: dict, data: dict):
     for fig in (turns, cliff, split):
         fig.title.text_font_size = "15px"
         fig.axis.axis_label_text_font_size = "13px"
-    return column(widgets.controls(params_cls, values, per_row=5),
+    upload = widgets.upload("trace", "Replay your own trace in place of the synthetic sessions: a Mooncake-format "
+                                     "JSONL file (one request per line; "
+                                     f"{traces.BROWSER_NOTE}).", accept=".jsonl,.json,.txt")
+    return column(widgets.controls(params_cls, values, per_row=5), upload, widgets.text("trace"),
                   widgets.animation_controls(data["animation"]["frames"]), turns,
                   row(cliff, split, sizing_mode="stretch_width"), sizing_mode="stretch_width")

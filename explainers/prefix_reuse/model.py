@@ -5,6 +5,10 @@ cached token sequences as far as its prompt matches, reuses that cached KV, comp
 and then caches its prompt and answer for the next turn. Tokens become seconds through the shared
 time model (core.timing): a request computes n new tokens that attend to the c cached ones.
 Deterministic for a given seed. Standard library only: this module runs in the browser.
+
+An uploaded Mooncake-format trace (core/traces.py) replaces the synthetic users: the tree then holds the
+trace's hash ids, one entry per 512-token block (core/trace_replay.py), and tokens = blocks × 512, capped
+at each prompt's length.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import dataclasses
 import functools
 import random
 
+from ..core import trace_replay, traces
 from ..core.gpus import GPUS
 from ..core.limits import check_context, check_weights_fit
 from ..core.models import MODELS
@@ -37,11 +42,16 @@ class PrefixParams(Params):
     gpu: str = choice("h100-sxm", GPUS, help="GPU preset, for the prefill time")
     mfu: float = number(0.5, unit="share", min=0.01, max=1.0, help="Share of peak FLOP/s prefill reaches")
     seed: int = integer(0, unit="seed", min=0, max=10_000, help="Seed for the order users arrive in each turn")
+    # An uploaded trace: data, not a parameter (no control, not in the URL). Empty: the synthetic users.
+    trace: str = dataclasses.field(default="", repr=False, metadata={})
 
     def __post_init__(self):
         super().__post_init__()
         m = MODELS[self.model]
         check_weights_fit("model", m, GPUS[self.gpu], 1, 2, "bf16")       # the time is for one GPU
+        if self.trace:
+            traces.parse_trace(self.trace)            # a bad line is refused here, naming its line and field
+            return                                    # the synthetic users' controls do not apply to a trace
         longest = self.system_prompt + self.turns * (self.message + self.answer)
         check_context("turns", m, longest, "the longest conversation (system prompt, then every turn's message "
                                            "and answer)")
@@ -73,9 +83,21 @@ def _answer(u: int, t: int, n: int) -> tuple:
     return tuple(range(base, base + n))
 
 
+@functools.lru_cache(maxsize=2)
+def trace_requests(text: str) -> tuple:
+    """The trace's requests in arrival order, each with a session inferred from its hash ids (the
+    load-balancer's rule), for the captions only: the replay does not use the sessions."""
+    from ..load_balancer.model import _requests
+    return _requests(traces.parse_trace(text), traces.BLOCK_SIZE)[0]
+
+
 @functools.lru_cache(maxsize=8)
 def requests(p: PrefixParams) -> tuple[Req, ...]:
-    """Turn by turn, users in a seeded order; each prompt is the system prompt, the history, the message."""
+    """Turn by turn, users in a seeded order; each prompt is the system prompt, the history, the message.
+    With a trace: its requests, each prompt its hash ids (one per block) and no answer (a trace names the
+    answer's blocks only when a later prompt holds them)."""
+    if p.trace:
+        return tuple(Req(q.index, q.session, q.turn, q.blocks, ()) for q in trace_requests(p.trace))
     rng = random.Random(p.seed)
     system = tuple(range(p.system_prompt))
     history = [system] * p.users                     # each user's prompt so far, less the new message
@@ -126,8 +148,21 @@ def serve_like_sglang(tree: RadixTree, r: Req) -> Outcome:
 
 @functools.lru_cache(maxsize=8)
 def history(p: PrefixParams, rules=serve) -> tuple[Outcome, ...]:
+    if p.trace:
+        return trace_history(p)
     tree = RadixTree(p.capacity, p.policy)
     return tuple(rules(tree, r) for r in requests(p))
+
+
+B = traces.BLOCK_SIZE
+
+
+def trace_history(p: PrefixParams) -> tuple[Outcome, ...]:
+    """The trace replayed through a tree of ⌊capacity ÷ 512⌋ blocks; every figure in tokens."""
+    reqs = trace_requests(p.trace)
+    served = trace_replay.replay(reqs, p.capacity // B, p.policy)
+    return tuple(Outcome(q.input_length, s.cached, q.input_length - s.cached, s.evicted_blocks * B,
+                         s.size_blocks * B) for q, s in zip(reqs, served))
 
 
 def seconds(p: PrefixParams, new: int, cached: int) -> float:
@@ -136,7 +171,12 @@ def seconds(p: PrefixParams, new: int, cached: int) -> float:
 
 
 def tree_after(p: PrefixParams, k: int) -> RadixTree:
-    """The cache after the first k requests (k = 0: empty)."""
+    """The cache after the first k requests (k = 0: empty). With a trace its entries are blocks."""
+    if p.trace:
+        cache = trace_replay.TraceCache(p.capacity // B, p.policy)
+        for q in trace_requests(p.trace)[:k]:
+            cache.serve(q.blocks, q.input_length)
+        return cache.tree
     tree = RadixTree(p.capacity, p.policy)
     for r in requests(p)[:k]:
         serve(tree, r)
@@ -149,8 +189,16 @@ def evaluate(p: PrefixParams) -> dict:
     matched = sum(o.matched for o in h)
     without = sum(seconds(p, o.requested, 0) for o in h)
     with_cache = sum(seconds(p, o.computed, o.matched) for o in h)
-    sglang = history(p, serve_like_sglang)
+    if p.trace:
+        found, _ = traces.unlimited_cache_hits(traces.parse_trace(p.trace))
+        reqs = trace_requests(p.trace)
+        cap = p.capacity // B * B
+        trace = {"trace": "uploaded", "sessions": len({q.session for q in reqs}),
+                 "unlimited_cache_tokens": found, "unlimited_cache_hit_rate": found / requested, "capacity_blocks": p.capacity // B,
+                 "requests_over_capacity": sum(q.input_length > cap for q in reqs)}
+    sglang = history(p, serve_like_sglang) if not p.trace else None
     return {
+        **({"trace": "synthetic"} if not p.trace else trace),
         "requests": len(h),
         "tokens_requested": requested,
         "tokens_reused": matched,
@@ -159,15 +207,17 @@ def evaluate(p: PrefixParams) -> dict:
         "prefill_seconds_without": without,
         "prefill_seconds_with": with_cache,
         "prefill_seconds_saved": without - with_cache,
-        "hit_rate_sglang_rules": sum(o.matched for o in sglang) / requested if requested else 0.0,
+        # SGLang's token-level rules (a match stops one token short, ...) do not apply to whole blocks.
+        "hit_rate_sglang_rules": sum(o.matched for o in sglang) / requested if sglang is not None else None,
         "tokens_evicted": sum(o.evicted for o in h),
         "peak_cache_tokens": max(o.size for o in h),
     }
 
 
 # ---- what the page draws -------------------------------------------------------------------------------
-def icicle(tree: RadixTree, highlight: set, new_tokens_from: int | None = None) -> dict:
-    """Each node as a bar: x from its start to its end (tokens from the root), rows spanning its leaves."""
+def icicle(tree: RadixTree, highlight: set, new_tokens_from: int | None = None, unit: int = 1) -> dict:
+    """Each node as a bar: x from its start to its end (tokens from the root), rows spanning its leaves.
+    `unit`: tokens per tree entry (a trace's tree holds 512-token blocks)."""
     cols = {"x0": [], "x1": [], "y0": [], "y1": [], "hits": [], "tokens": [], "state": []}
     row = [0]
 
@@ -180,12 +230,12 @@ def icicle(tree: RadixTree, highlight: set, new_tokens_from: int | None = None) 
             walk(child, start + len(node.tokens))
         if node is tree.root:
             return
-        cols["x0"].append(start)
-        cols["x1"].append(start + len(node.tokens))
+        cols["x0"].append(start * unit)
+        cols["x1"].append((start + len(node.tokens)) * unit)
         cols["y0"].append(first - 0.42)
         cols["y1"].append(row[0] - 1 + 0.42)
         cols["hits"].append(node.hits)
-        cols["tokens"].append(len(node.tokens))
+        cols["tokens"].append(len(node.tokens) * unit)
         cols["state"].append("matched now" if id(node) in highlight else "cached")
 
     walk(tree.root, 0)
@@ -198,15 +248,15 @@ def frame_data(p: PrefixParams, frame: int) -> dict:
     k = max(0, min(len(reqs) - 1, frame))
     tree = tree_after(p, k)
     r = reqs[k]
-    matched, path = tree.match(r.prompt)
+    _, path = tree.match(r.prompt)
     o = history(p)[k]
     return {
-        "sources": {"tree": icicle(tree, {id(n) for n in path}),
+        "sources": {"tree": icicle(tree, {id(n) for n in path}, unit=B if p.trace else 1),
                     "cursor": {"request": [k], "top": [max(o.requested for o in history(p))]},
-                    "current": {"x0": [matched], "x1": [len(r.prompt)], "y": [-1.2],
+                    "current": {"x0": [o.matched], "x1": [o.requested], "y": [-1.2],
                                 "label": [f"request {k} computes {thousands(o.computed)} new tokens"]}},
         "animation": {"mode": "on_demand", "frames": len(reqs), "frame": k,
-                      "caption": f"Request {k}: user {r.user}, turn {r.turn + 1}. Its prompt is "
+                      "caption": f"Request {k}: {'session' if p.trace else 'user'} {r.user}, turn {r.turn + 1}. Its prompt is "
                                  f"{thousands(o.requested)} tokens; {thousands(o.matched)} are already cached "
                                  f"(highlighted) and {thousands(o.computed)} are computed, saving "
                                  f"{_ms(seconds(p, o.requested, 0) - seconds(p, o.computed, o.matched))} "
@@ -233,10 +283,75 @@ def page_data(p: PrefixParams) -> dict:
                     "cumulative": {"request": list(range(len(h))), "with_cache": cum_with,
                                    "without_cache": cum_without}},
         "ranges": {},
-        "formula": formula(p, r),
-        "readouts": readouts(p, r),
-        "notes": [],
+        "formula": formula(p, r) if not p.trace else formula_trace(p, r),
+        "readouts": readouts(p, r) if not p.trace else readouts_trace(p, r),
+        "notes": [] if not p.trace else notes_trace(p, r),
+        "texts": {"trace": trace_text(p, r)},
     }
+
+
+def trace_text(p: PrefixParams, r: dict) -> str:
+    if not p.trace:
+        return (f"Workload: the synthetic users ({p.users} users × {p.turns} turns). Upload a Mooncake-format "
+                f"trace above to replay its requests instead.")
+    span = trace_requests(p.trace)[-1].arrival - trace_requests(p.trace)[0].arrival
+    return (f"Workload: your trace, {r['requests']:,} requests ({thousands(r['tokens_requested'])} prompt tokens "
+            f"over {span:,.1f} s). The users, system prompt, turns, message, answer and seed controls do not apply "
+            f"to it, and a link reproduces only the synthetic workload.")
+
+
+def notes_trace(p: PrefixParams, r: dict) -> list[str]:
+    out = ["The tree holds the trace's hash ids, one entry per 512-token block, so a prompt is matched block by "
+           "block and tokens = blocks × 512, capped at the prompt's length (its last block may be partial). A "
+           "trace names no tokens and no answers: each prompt is cached when it arrives, and the next turn finds "
+           "the answer only as blocks of its own prompt. Set capacity to your GPU's KV memory (the cache-renting "
+           "page gives it); the sessions in the captions are inferred from prefix chains."]
+    if r["requests_over_capacity"]:
+        out.append(f"{r['requests_over_capacity']:,} of the trace's prompts are longer than the cache's "
+                   f"{thousands(r['capacity_blocks'] * B)} tokens: only their first blocks are cached.")
+    return out
+
+
+def formula_trace(p: PrefixParams, r: dict) -> list[dict]:
+    m, g, h = MODELS[p.model], GPUS[p.gpu], history(p)
+    last = h[-1]
+    found = r["unlimited_cache_tokens"]
+    return [
+        {"name": "Cache in blocks", "formula": "⌊capacity ÷ 512 tokens per hash id⌋",
+         "substituted": f"⌊{thousands(p.capacity)} ÷ 512⌋", "result": f"{thousands(r['capacity_blocks'])} blocks"},
+        {"name": "Tokens reused", "formula": "Σ over requests of min(cached prefix in blocks × 512, prompt)",
+         "substituted": "found by walking the radix tree of hash ids", "result": thousands(r["tokens_reused"])},
+        {"name": "Hit rate", "formula": "tokens reused ÷ tokens requested",
+         "substituted": f"{thousands(r['tokens_reused'])} ÷ {thousands(r['tokens_requested'])}",
+         "result": f"{r['hit_rate']:.1%}"},
+        {"name": "Reference: an unlimited cache",
+         "formula": "Σ min(longest prefix of hash ids seen before × 512, prompt) ÷ tokens requested "
+                    "(core.traces.unlimited_cache_hits)",
+         "substituted": f"{thousands(found)} ÷ {thousands(r['tokens_requested'])}",
+         "result": f"{r['unlimited_cache_hit_rate']:.1%}"},
+        {**prefill_formula(m, g, last.computed, last.matched, mfu=p.mfu),
+         "name": f"Prefill time of the last request (n = {thousands(last.computed)} computed, "
+                 f"c = {thousands(last.matched)} cached)"},
+        {"name": "Prefill time, all requests",
+         "formula": "Σ over requests of prefill(n = computed, c = reused); without the cache prefill(n = prompt, c = 0)",
+         "substituted": f"{len(h):,} requests, {p.model} on {p.gpu} at MFU {p.mfu:g}",
+         "result": f"{_ms(r['prefill_seconds_with'])} instead of {_ms(r['prefill_seconds_without'])}"},
+    ]
+
+
+def readouts_trace(p: PrefixParams, r: dict) -> list[dict]:
+    return [
+        {"label": "Hit rate", "value": f"{r['hit_rate']:.0%}",
+         "detail": f"of prompt tokens came from the cache; an unlimited cache: {r['unlimited_cache_hit_rate']:.0%}"},
+        {"label": "Workload", "value": f"your trace: {r['requests']:,} requests",
+         "detail": f"{thousands(r['tokens_requested'])} prompt tokens"},
+        {"label": "Prefill time saved", "value": _ms(r["prefill_seconds_saved"]),
+         "detail": f"{_ms(r['prefill_seconds_with'])} instead of {_ms(r['prefill_seconds_without'])}, "
+                   f"{p.model} on one {p.gpu} at MFU {p.mfu:g}"},
+        {"label": "Cache", "value": f"{thousands(r['peak_cache_tokens'])}",
+         "detail": f"tokens at most, of {thousands(r['capacity_blocks'] * B)} (whole blocks); "
+                   f"{thousands(r['tokens_evicted'])} evicted"},
+    ]
 
 
 def formula(p: PrefixParams, r: dict) -> list[dict]:

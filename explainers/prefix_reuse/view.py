@@ -6,6 +6,7 @@ from bokeh.models import ColorBar, HoverTool, LinearColorMapper
 from bokeh.palettes import Viridis256
 from bokeh.plotting import figure
 
+from kvx.explainers.core import traces
 from kvx.site import widgets
 
 
@@ -42,7 +43,10 @@ def layout(params_cls, values: dict, data: dict):
         fig.title.text_font_size = "15px"
         fig.axis.axis_label_text_font_size = "13px"
     controls = widgets.controls(params_cls, values, per_row=5)
-    return column(controls, widgets.animation_controls(data["animation"]["frames"]), tree,
+    upload = widgets.upload("trace", "Replay your own trace in place of the synthetic users: a Mooncake-format "
+                                     "JSONL file (one request per line; "
+                                     f"{traces.BROWSER_NOTE}).", accept=".jsonl,.json,.txt")
+    return column(controls, upload, widgets.text("trace"), widgets.animation_controls(data["animation"]["frames"]), tree,
                   row(per, cum, sizing_mode="stretch_width"), sizing_mode="stretch_width")
 
 
