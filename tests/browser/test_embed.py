@@ -166,6 +166,12 @@ def test_mkdocs_extension_embeds_a_self_sizing_explainer(offline_page, site_url,
     assert frame.evaluate("() => Bokeh.documents[0].get_model_by_name('param:requests').value") == "20"
     assert_sized_to_content(page, frame, "paging")
     screenshot(page, "embed-mkdocs")
+    # a narrower window reflows the explainer: its ResizeObserver reports the new height and the frame follows
+    before = page.evaluate("() => document.querySelector('kvx-explainer').iframe.getBoundingClientRect().height")
+    page.set_viewport_size({"width": 480, "height": 800})
+    page.wait_for_function("""(h) => Math.abs(document.querySelector('kvx-explainer').iframe
+                                              .getBoundingClientRect().height - h) > 20""", arg=before)
+    assert_sized_to_content(page, frame, "paging")
 
 
 def test_height_only_from_the_sized_frame_and_its_origin(offline_page, site_url, docs_host, tmp_path):
