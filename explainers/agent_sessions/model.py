@@ -212,17 +212,20 @@ def trace_requests(text: str) -> tuple:
 
 
 @functools.lru_cache(maxsize=4)
+def served(text: str, blocks: int, policy: str, offload: bool) -> tuple:
+    """The replay by what it depends on alone: a change of model, MFU or tier speed reprices it, not reruns it."""
+    return trace_replay.replay(trace_requests(text), blocks, policy, offload)
+
+
+@functools.lru_cache(maxsize=4)
 def replay_trace(p: AgentParams) -> tuple[Turn, ...]:
     """Every request of the uploaded trace, replayed in arrival order against one GPU's KV memory held as
     512-token blocks: found, reloaded from the offload tier, recomputed (computed before, since evicted),
     or new. Times from the shared time model; turns do not queue, as in the synthetic run."""
     reqs = trace_requests(p.trace)
     bw, bpt = OFFLOAD[p.offload] * 1e9, bytes_per_token(p)
-    served = trace_replay.replay(reqs, capacity_tokens(p) // traces.BLOCK_SIZE, p.policy, offload=bool(bw))
     out = []
-    for i, (q, s) in enumerate(zip(reqs, served)):
-        if i % 2_000 == 0:
-            traces.report(i / len(reqs), f"replaying request {i:,} of {len(reqs):,}")
+    for q, s in zip(reqs, served(p.trace, capacity_tokens(p) // traces.BLOCK_SIZE, p.policy, bool(bw))):
         out.append(Turn(q.session, q.turn, q.arrival, q.input_length, s.cached, s.reloaded, s.recomputed,
                         prefill_s(p, s.new, s.history) if s.new else 0.0, s.reloaded * bpt / (bw or 1),
                         prefill_s(p, s.recomputed, s.cached + s.reloaded) if s.recomputed else 0.0))

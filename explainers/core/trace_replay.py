@@ -20,6 +20,7 @@ import dataclasses
 from typing import Iterable
 
 from .radix import RadixTree
+from .traces import report
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +72,11 @@ class TraceCache:
 
 def replay(requests: Iterable, capacity_blocks: int, policy: str = "lru", offload: bool = False,
            block_size: int = 512) -> tuple[Served, ...]:
-    """Each request (with `.blocks` and `.input_length`, in arrival order) served by one TraceCache."""
-    cache = TraceCache(capacity_blocks, policy, offload, block_size)
-    return tuple(cache.serve(q.blocks, q.input_length) for q in requests)
+    """Each request (with `.blocks` and `.input_length`, in arrival order) served by one TraceCache; the
+    browser's progress bar hears how far it is every 2,000 requests."""
+    cache, requests, out = TraceCache(capacity_blocks, policy, offload, block_size), list(requests), []
+    for i, q in enumerate(requests):
+        if i % 2_000 == 0 and i:
+            report(i / len(requests), f"replaying request {i:,} of {len(requests):,}")
+        out.append(cache.serve(q.blocks, q.input_length))
+    return tuple(out)

@@ -157,10 +157,16 @@ def history(p: PrefixParams, rules=serve) -> tuple[Outcome, ...]:
 B = traces.BLOCK_SIZE
 
 
+@functools.lru_cache(maxsize=4)
+def _served(text: str, blocks: int, policy: str) -> tuple:
+    """The replay by what it depends on alone: a change of model, GPU or MFU reprices it, not reruns it."""
+    return trace_replay.replay(trace_requests(text), blocks, policy)
+
+
 def trace_history(p: PrefixParams) -> tuple[Outcome, ...]:
     """The trace replayed through a tree of ⌊capacity ÷ 512⌋ blocks; every figure in tokens."""
     reqs = trace_requests(p.trace)
-    served = trace_replay.replay(reqs, p.capacity // B, p.policy)
+    served = _served(p.trace, p.capacity // B, p.policy)
     return tuple(Outcome(q.input_length, s.cached, q.input_length - s.cached, s.evicted_blocks * B,
                          s.size_blocks * B) for q, s in zip(reqs, served))
 

@@ -3,6 +3,7 @@ chained traces, the two pages agreeing with each other and with an unlimited cac
 (8,500 requests, 2 MB) through page_json, the CLI and the API."""
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -179,9 +180,27 @@ def test_the_page_says_which_workload_it_runs():
 
 
 # ---- a trace past the old limits: the CLI and the API ----------------------------------------------------------
+@functools.lru_cache(maxsize=1)
 def big_trace() -> str:
     """The load-balancer's fixture: conversation-shaped, 8,500 requests, past the old 5,000-request and 2 MB caps."""
     return traces.to_jsonl(traces.conversation_like(8_500, seed=1))
+
+
+def test_the_pages_trace_figures():
+    """Try-this 6 (agent-sessions) and 5 (prefix-reuse) on the fixture."""
+    text = big_trace()
+    r = agent_evaluate(AgentParams(trace=text))
+    assert r["capacity_blocks"] == 863 and r["requests"] == 8_500
+    assert (round(r["prompt_hit_rate"], 3), round(r["unlimited_cache_hit_rate"], 3), round(r["hit_rate"], 3)) == \
+        (0.463, 0.551, 0.839)
+    h200 = agent_evaluate(AgentParams(trace=text, gpu="h200"))
+    assert h200["capacity_blocks"] == 1_772 and round(h200["prompt_hit_rate"], 3) == 0.550
+    assert round(agent_evaluate(AgentParams(trace=text, policy="lfu"))["prompt_hit_rate"], 3) == 0.178
+    rates = [prefix_evaluate(PrefixParams(trace=text, capacity=c))["hit_rate"] for c in (100_000, 442_047)]
+    assert [round(x, 3) for x in rates] == [0.212, 0.463]
+    big = prefix_evaluate(PrefixParams(trace=text, capacity=10_000_000))
+    assert big["hit_rate"] == big["unlimited_cache_hit_rate"] and round(big["hit_rate"], 3) == 0.551
+    assert (round(big["prefill_seconds_saved"]), round(big["prefill_seconds_without"])) == (2_444, 4_543)
 
 
 def kvx(*args):
