@@ -153,7 +153,7 @@ def paged_run(r: PagedRequest, progress) -> dict:
 # ---- eviction ---------------------------------------------------------------------------------------
 class EvictionRequest(Request):
     model: TrainedModel = "gqa-large"
-    policy: Literal["full", "random", "streaming_llm", "h2o", "snapkv"] = "snapkv"
+    policy: Literal["full", "random", "streaming_llm", "h2o", "observed", "snapkv"] = "snapkv"
     budget_fraction: float = Field(0.25, ge=0.05, le=1.0, description="share of the prompt's tokens kept")
     task: Literal["text", "recall"] = "recall"
     sequences: int = Field(16, ge=1, le=64)
