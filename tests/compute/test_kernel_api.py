@@ -235,3 +235,20 @@ def test_served_mla_time_is_the_direct_calls_time(client):
     assert served["result"]["threads"] == direct["threads"] == 1
     assert served["result"]["timer"] == direct["timer"] == "thread CPU time"
     assert 1 / 3 < s / d < 3, (s, d)
+
+
+@pytest.mark.parametrize("slug", ["cross-layer", "cross-model", "eviction", "mla", "quantization"])
+def test_every_run_it_here_request_a_page_can_send_is_accepted(slug):
+    """Each choice a page offers (policy, dtype, ...) makes a request its kernel's model validates, so "run it
+    here" never answers a reader's setting with a 422 (the eviction page once offered a policy the API refused)."""
+    from kvx.explainers.registry import REGISTRY
+    e = REGISTRY[slug]
+    for name, spec in ((d["name"], d) for d in e.params.describe()):
+        for value in spec["choices"] or [spec["default"]]:
+            try:
+                params = e.params.from_mapping({name: value})
+            except ValueError:
+                continue                              # a combination the page itself refuses
+            run = e.page_data(params).get("run")
+            assert run, f"{slug} has no run request"
+            kernel_specs.KERNELS[run["kernel"]].request.model_validate(run["request"])
