@@ -11,6 +11,7 @@ module runs in the browser.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import io
@@ -142,6 +143,63 @@ def parse_trace(text: str, block_size: int = BLOCK_SIZE) -> tuple[dict, ...]:
 
 def to_jsonl(records: Iterable[dict]) -> str:
     return "".join(json.dumps(r, separators=(", ", ": ")) + "\n" for r in records)
+
+
+# ---- requests and their sessions (the load balancer's sticky router needs sessions; the released traces have none)
+SHARED = -1                        # the owner of a block that more than one session uses
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    index: int            # arrival order
+    arrival: float        # s
+    input_length: int     # prompt tokens
+    output_length: int    # not simulated: decode is left out
+    blocks: tuple         # the prompt's hash ids, one per block
+    session: int
+    turn: int             # 0-based, within its session
+
+
+
+def with_sessions(records, block_size: int = BLOCK_SIZE) -> tuple[tuple[Request, ...], dict, bool]:
+    """(requests, owners, sessions_given): requests in arrival order (stable for equal timestamps), each block's
+    owner (its session, or SHARED), and whether sessions came from the trace. Sessions from session_id if every
+    line has one, else inferred: a request continues the session of the latest earlier prompt whose
+    last full block it contains, unless that block is a branch point of the trace (followed by
+    different blocks in different prompts, as a shared system prompt is)."""
+    rows = sorted(records, key=lambda r: r["timestamp"])
+    following = collections.defaultdict(set)      # block -> the full blocks that follow it anywhere
+    for r in rows:
+        ids = r["hash_ids"][: r["input_length"] // block_size]
+        for a, b in zip(ids, ids[1:]):
+            following[a].add(b)
+    given = all(r.get("session_id") is not None for r in rows)
+    numbered = given and all(isinstance(r["session_id"], int) and 0 <= r["session_id"] < 1_000_000 for r in rows)
+    names, ends, turns, out = {}, {}, collections.Counter(), []
+    for i, r in enumerate(rows):
+        ids = tuple(r["hash_ids"])
+        if numbered:                     # whole-number session ids are kept, so session 0 stays session 0
+            session = r["session_id"]
+        elif given:
+            session = names.setdefault(r["session_id"], len(names))
+        else:
+            session = next((ends[b] for b in reversed(ids) if b in ends), None)
+            if session is None:
+                session = len(names)
+                names[("inferred", i)] = session
+            full = min(len(ids), r["input_length"] // block_size)
+            if full and len(following[ids[full - 1]]) <= 1:
+                ends[ids[full - 1]] = session
+        out.append(Request(i, r["timestamp"] / 1000, r["input_length"], r["output_length"], ids, session,
+                           turns[session]))
+        turns[session] += 1
+    owners: dict[int, int] = {}
+    for q in out:
+        for b in q.blocks:
+            if owners.setdefault(b, q.session) != q.session:
+                owners[b] = SHARED
+    return tuple(out), owners, given
+
 
 
 # ---- a trace shaped like the released conversation trace, for tests and benchmarks ---------------------------

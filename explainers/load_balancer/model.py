@@ -31,7 +31,8 @@ from ..core.limits import check_tensor_parallel, check_weights_fit
 from ..core.models import MODELS
 from ..core.params import ParamError, Params, choice, integer, number
 from ..core.radix import RadixTree
-from ..core.traces import parse_trace, to_jsonl
+from ..core.traces import SHARED, Request, parse_trace, to_jsonl
+from ..core.traces import with_sessions as _requests
 from ..core.units import GB, thousands
 
 MAX_TRACE_BYTES = traces.CPYTHON.bytes          # an uploaded trace: limits set in core.traces, by the work
@@ -39,7 +40,6 @@ MAX_TRACE_REQUESTS = traces.CPYTHON.requests
 MAX_BLOCKS = 30_000                # prompt blocks of the synthetic trace: the worst change replays in under 0.5 s of CPU
 MAX_FRAMES = 200
 RING_POINTS = 64                   # virtual nodes per replica on the consistent-hashing ring
-SHARED = -1                        # the owner of a block that more than one session uses
 QUEUE_SHOWN = 8                    # queued requests drawn per replica; the rest are counted
 
 
@@ -143,17 +143,6 @@ def prefill_seconds(p: LoadBalancerParams, new: int, cached: int) -> float:
 
 # ---- the workload: a Mooncake-format trace --------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
-class Request:
-    index: int            # arrival order
-    arrival: float        # s
-    input_length: int     # prompt tokens
-    output_length: int    # not simulated: decode is left out
-    blocks: tuple         # the prompt's hash ids, one per block
-    session: int
-    turn: int             # 0-based, within its session
-
-
-@dataclasses.dataclass(frozen=True)
 class Workload:
     requests: tuple
     owners: dict          # hash id -> session, or SHARED
@@ -232,45 +221,6 @@ def synthetic_records(p: LoadBalancerParams) -> list[dict]:
         out.append({"timestamp": round(t * 1000), "input_length": p._prompt(turn), "output_length": p.answer,
                     "hash_ids": _extend(chain, _new_segments(p, s, turn), p.block_size, ids), "session_id": s})
     return out
-
-
-def _requests(records, block_size: int) -> tuple[tuple[Request, ...], dict, bool]:
-    """Requests in arrival order (stable for equal timestamps); sessions from session_id if every
-    line has one, else inferred: a request continues the session of the latest earlier prompt whose
-    last full block it contains, unless that block is a branch point of the trace (followed by
-    different blocks in different prompts, as a shared system prompt is)."""
-    rows = sorted(records, key=lambda r: r["timestamp"])
-    following = collections.defaultdict(set)      # block -> the full blocks that follow it anywhere
-    for r in rows:
-        ids = r["hash_ids"][: r["input_length"] // block_size]
-        for a, b in zip(ids, ids[1:]):
-            following[a].add(b)
-    given = all(r.get("session_id") is not None for r in rows)
-    numbered = given and all(isinstance(r["session_id"], int) and 0 <= r["session_id"] < 1_000_000 for r in rows)
-    names, ends, turns, out = {}, {}, collections.Counter(), []
-    for i, r in enumerate(rows):
-        ids = tuple(r["hash_ids"])
-        if numbered:                     # whole-number session ids are kept, so session 0 stays session 0
-            session = r["session_id"]
-        elif given:
-            session = names.setdefault(r["session_id"], len(names))
-        else:
-            session = next((ends[b] for b in reversed(ids) if b in ends), None)
-            if session is None:
-                session = len(names)
-                names[("inferred", i)] = session
-            full = min(len(ids), r["input_length"] // block_size)
-            if full and len(following[ids[full - 1]]) <= 1:
-                ends[ids[full - 1]] = session
-        out.append(Request(i, r["timestamp"] / 1000, r["input_length"], r["output_length"], ids, session,
-                           turns[session]))
-        turns[session] += 1
-    owners: dict[int, int] = {}
-    for q in out:
-        for b in q.blocks:
-            if owners.setdefault(b, q.session) != q.session:
-                owners[b] = SHARED
-    return tuple(out), owners, given
 
 
 @functools.lru_cache(maxsize=2)
