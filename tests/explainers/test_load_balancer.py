@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import re
 import subprocess
 import sys
@@ -435,3 +436,23 @@ def test_the_big_fixture_through_the_api(tmp_path):
                        headers={"content-type": "application/json"})
     assert other.status_code == 413                       # the other routes keep the general limit
     assert small.post("/api/v1/explainers/paging", json={"trace": "x"}).status_code == 422   # no trace there
+
+
+MOONCAKE = Path(os.environ.get("KVX_MOONCAKE_TRACES", "/nonexistent"))   # FAST25-release/traces of kvcache-ai/Mooncake
+
+
+@pytest.mark.skipif(not (MOONCAKE / "conversation_trace.jsonl").exists(),
+                    reason="set KVX_MOONCAKE_TRACES to the released traces (not shipped: 3 MB)")
+def test_the_released_conversation_trace_against_the_paper():
+    """Mooncake (FAST '25) Table 2 gives a cache ratio of 40% for its conversation trace and 66% for its synthetic
+    one; an unlimited cache here finds 37.4% and 65.1% of their prompt tokens (sessions and time order as given)."""
+    text = (MOONCAKE / "conversation_trace.jsonl").read_text()
+    r = evaluate(P(trace=text, gpus_per_replica=8))
+    assert (r["requests"], round(r["unlimited_cache_hit_rate"], 3)) == (12_031, 0.374)
+    assert abs(r["unlimited_cache_hit_rate"] - 0.40) < 0.03
+    assert {k: round(r[f"{k}_hit_rate"], 3) for k in BY_KEY} == {"round_robin": 0.094, "least_loaded": 0.091,
+                                                                  "sticky": 0.193, "cache_aware": 0.172}
+    assert evaluate(P(trace=text))["requests_over_cache"] == 1_861          # of prompts up to 126,195 tokens
+    synthetic = traces.parse_trace((MOONCAKE / "synthetic_trace.jsonl").read_text())
+    found, total = traces.unlimited_cache_hits(synthetic)
+    assert round(found / total, 3) == 0.651 and abs(found / total - 0.66) < 0.03
