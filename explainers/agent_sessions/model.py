@@ -309,7 +309,8 @@ TRACE_NOTE = ("A Mooncake trace gives each request's arrival, prompt and answer 
               "another GPU, so the replay keeps the trace's own arrival times, finds reuse only as shared prefixes "
               "of hash ids (across sessions too: a shared system prompt counts), and groups requests into sessions "
               "by prefix chains only to label them. It caches whole blocks: a block is kept or evicted, never part "
-              "of one, and the return-aware policy, which needs each session's next return, is not offered.")
+              "of one; a prompt is cached when it arrives, and its answer only as blocks of a later prompt (a trace "
+              "names no answer blocks); and the return-aware policy, which needs each session's next return, is not offered.")
 
 
 def page_data_trace(p: AgentParams) -> dict:

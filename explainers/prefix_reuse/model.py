@@ -176,13 +176,24 @@ def seconds(p: PrefixParams, new: int, cached: int) -> float:
     return prefill_seconds(MODELS[p.model], GPUS[p.gpu], new, cached, mfu=p.mfu)
 
 
+# A trace's frames: one cache kept at the last frame drawn, so stepping or playing forward serves one request
+# a frame instead of replaying the trace from its start (a step back replays from the start).
+_held: dict = {}
+
+
 def tree_after(p: PrefixParams, k: int) -> RadixTree:
-    """The cache after the first k requests (k = 0: empty). With a trace its entries are blocks."""
+    """The cache after the first k requests (k = 0: empty). With a trace its entries are blocks, and the tree
+    is the held one: read it, never change it (a match would change its recency)."""
     if p.trace:
-        cache = trace_replay.TraceCache(p.capacity // B, p.policy)
-        for q in trace_requests(p.trace)[:k]:
-            cache.serve(q.blocks, q.input_length)
-        return cache.tree
+        key = (p.trace, p.capacity // B, p.policy)
+        held = _held.get(key)
+        if held is None or held[0] > k:
+            _held.clear()
+            held = _held[key] = [0, trace_replay.TraceCache(p.capacity // B, p.policy)]
+        for q in trace_requests(p.trace)[held[0]:k]:
+            held[1].serve(q.blocks, q.input_length)
+        held[0] = k
+        return held[1].tree
     tree = RadixTree(p.capacity, p.policy)
     for r in requests(p)[:k]:
         serve(tree, r)
@@ -221,9 +232,11 @@ def evaluate(p: PrefixParams) -> dict:
 
 
 # ---- what the page draws -------------------------------------------------------------------------------
-def icicle(tree: RadixTree, highlight: set, new_tokens_from: int | None = None, unit: int = 1) -> dict:
+def icicle(tree: RadixTree, highlight: set, new_tokens_from: int | None = None, unit: int = 1,
+           partial: tuple | None = None) -> dict:
     """Each node as a bar: x from its start to its end (tokens from the root), rows spanning its leaves.
-    `unit`: tokens per tree entry (a trace's tree holds 512-token blocks)."""
+    `unit`: tokens per tree entry (a trace's tree holds 512-token blocks). `partial` = (node id, entries):
+    a match that ends inside that node, drawn as its matched part and the rest."""
     cols = {"x0": [], "x1": [], "y0": [], "y1": [], "hits": [], "tokens": [], "state": []}
     row = [0]
 
@@ -236,13 +249,17 @@ def icicle(tree: RadixTree, highlight: set, new_tokens_from: int | None = None, 
             walk(child, start + len(node.tokens))
         if node is tree.root:
             return
-        cols["x0"].append(start * unit)
-        cols["x1"].append((start + len(node.tokens)) * unit)
-        cols["y0"].append(first - 0.42)
-        cols["y1"].append(row[0] - 1 + 0.42)
-        cols["hits"].append(node.hits)
-        cols["tokens"].append(len(node.tokens) * unit)
-        cols["state"].append("matched now" if id(node) in highlight else "cached")
+        cut = partial[1] if partial and partial[0] == id(node) else 0
+        pieces = [(0, cut, "matched now"), (cut, len(node.tokens), "cached")] if cut else \
+            [(0, len(node.tokens), "matched now" if id(node) in highlight else "cached")]
+        for a, b, state in pieces:
+            cols["x0"].append((start + a) * unit)
+            cols["x1"].append((start + b) * unit)
+            cols["y0"].append(first - 0.42)
+            cols["y1"].append(row[0] - 1 + 0.42)
+            cols["hits"].append(node.hits)
+            cols["tokens"].append((b - a) * unit)
+            cols["state"].append(state)
 
     walk(tree.root, 0)
     return cols
@@ -254,10 +271,13 @@ def frame_data(p: PrefixParams, frame: int) -> dict:
     k = max(0, min(len(reqs) - 1, frame))
     tree = tree_after(p, k)
     r = reqs[k]
-    _, path = tree.match(r.prompt)
+    if p.trace:                                  # read only: the held tree goes on to the next frame
+        path, partial = _read_match(tree, r.prompt)
+    else:
+        path, partial = tree.match(r.prompt)[1], None
     o = history(p)[k]
     return {
-        "sources": {"tree": icicle(tree, {id(n) for n in path}, unit=B if p.trace else 1),
+        "sources": {"tree": icicle(tree, {id(n) for n in path}, unit=B if p.trace else 1, partial=partial),
                     "cursor": {"request": [k], "top": [max(o.requested for o in history(p))]},
                     "current": {"x0": [o.matched], "x1": [o.requested], "y": [-1.2],
                                 "label": [f"request {k} computes {thousands(o.computed)} new tokens"]}},
@@ -269,6 +289,25 @@ def frame_data(p: PrefixParams, frame: int) -> dict:
                                  f"of prefill."},
         "texts": {},
     }
+
+
+def _read_match(tree: RadixTree, tokens: tuple) -> tuple[list, tuple | None]:
+    """The nodes a match of `tokens` runs through, without splitting an edge or touching recency: the whole
+    nodes, and (node id, entries matched) for one the match ends inside."""
+    node, at, path = tree.root, 0, []
+    while at < len(tokens):
+        child = node.children.get(tokens[at])
+        if child is None:
+            break
+        run = 0
+        while run < len(child.tokens) and at + run < len(tokens) and child.tokens[run] == tokens[at + run]:
+            run += 1
+        at += run
+        if run < len(child.tokens):
+            return path, (id(child), run)
+        path.append(child)
+        node = child
+    return path, None
 
 
 def page_data(p: PrefixParams) -> dict:

@@ -240,3 +240,23 @@ def test_the_big_trace_through_the_api(tmp_path):
         bad = client.post(f"/api/v1/explainers/{slug}", json={"trace": line(0, 1000, [0, 1], n_out=-3)})
         assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "trace"]
         assert bad.json()["detail"][0]["msg"] == "The trace's line 1: output_length must be a whole number ≥ 0; got -3."
+
+
+@settings(max_examples=30, deadline=None)
+@given(chained_traces(), st.integers(512, 8_000), st.lists(st.integers(0, 30), min_size=1, max_size=6))
+def test_trace_frames_equal_a_fresh_replay_in_any_order(text, capacity, frames):
+    """prefix-reuse keeps one trace cache at the last frame drawn (stepping forward serves one request) and reads
+    the current match without splitting an edge: each frame equals a replay from the start with a real match."""
+    from kvx.explainers.prefix_reuse.model import icicle, trace_requests
+    p = PrefixParams(trace=text, capacity=capacity)
+    reqs = trace_requests(text)
+    for k in frames:
+        k = min(k, len(reqs) - 1)
+        cache = TraceCache(capacity // 512, "lru")
+        for q in reqs[:k]:
+            cache.serve(q.blocks, q.input_length)
+        _, path = cache.tree.match(reqs[k].blocks)
+        want = icicle(cache.tree, {id(n) for n in path}, unit=512)
+        got = frame_data(p, k)["sources"]["tree"]
+        assert sorted(zip(*got.values())) == sorted(zip(*want.values())), k
+    assert [o.matched for o in history(p)] == [s.cached for s in replay(reqs, capacity // 512)]
