@@ -451,6 +451,16 @@ class JobRunner:
                 pass
         return job
 
+    def ahead(self, job: Job) -> int | None:
+        """While a job waits: how many jobs submitted before it are still queued or running (0: it is next).
+        The page shows it, so a class pressing "Run it here" together sees the queue move, not "0%"."""
+        if job.status != "queued":
+            return None
+        with self.lock:
+            earlier = list(self.jobs.values())
+        return sum(j.finished is None and j.status in ("queued", "running") for j in earlier[:earlier.index(job)]) \
+            if job in earlier else None
+
     def get(self, job_id: str) -> Job | None:
         job = self.jobs.get(job_id)
         if job is not None:

@@ -61,7 +61,8 @@ def _job_reply(jobs: JobRunner, job) -> JSONResponse:
             if code == 422 else job.message
         return JSONResponse(status_code=code, headers=headers,
                             content={"detail": detail, "job": job.id, "status": "error"})
-    return JSONResponse(status_code=202, content={**job.view(), "status_url": f"/api/v1/jobs/{job.id}"})
+    return JSONResponse(status_code=202, content={**job.view(), "position": jobs.ahead(job),
+                                                  "status_url": f"/api/v1/jobs/{job.id}"})
 
 
 def run_job(name: str, params: dict, progress) -> dict:

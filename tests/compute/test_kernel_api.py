@@ -103,6 +103,7 @@ def test_runner_bounds_the_queue_and_reports_progress():
     while a.progress < 0.5 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert a.view()["status"] == "running" and a.view()["message"] == "half way" and b.status == "queued"
+    assert runner.ahead(a) is None and runner.ahead(b) == 1      # the page shows "1 job ahead" while b waits
     release.set()
     assert runner.wait(b, 5).status == "done" and runner.cached("slow", {"n": 2}) == {"ok": True}
 
