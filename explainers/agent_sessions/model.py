@@ -202,13 +202,10 @@ def summary(turns: tuple[Turn, ...]) -> dict:
 
 
 # ---- an uploaded trace in place of the synthetic sessions ------------------------------------------------
-@functools.lru_cache(maxsize=2)
 def trace_requests(text: str) -> tuple:
     """The trace's requests in arrival order, each with a session inferred from its hash ids (the
     load-balancer's rule: a request continues the session whose latest prompt's last full block it holds)."""
-    from ..load_balancer.model import _requests
-    records = traces.parse_trace(text)
-    return _requests(records, traces.BLOCK_SIZE)[0]
+    return traces.requests_with_sessions(text)
 
 
 @functools.lru_cache(maxsize=4)

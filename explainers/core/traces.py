@@ -201,6 +201,12 @@ def with_sessions(records, block_size: int = BLOCK_SIZE) -> tuple[tuple[Request,
     return tuple(out), owners, given
 
 
+@functools.lru_cache(maxsize=2)
+def requests_with_sessions(text: str) -> tuple[Request, ...]:
+    """An uploaded trace's requests in arrival order with their sessions (with_sessions' rule). Cached: the
+    pages that replay an upload ask for it on every change of a control, with the same text."""
+    return with_sessions(parse_trace(text), BLOCK_SIZE)[0]
+
 
 # ---- a trace shaped like the released conversation trace, for tests and benchmarks ---------------------------
 def conversation_like(requests: int, seed: int = 0, block_size: int = BLOCK_SIZE) -> list[dict]:

@@ -83,12 +83,10 @@ def _answer(u: int, t: int, n: int) -> tuple:
     return tuple(range(base, base + n))
 
 
-@functools.lru_cache(maxsize=2)
 def trace_requests(text: str) -> tuple:
     """The trace's requests in arrival order, each with a session inferred from its hash ids (the
     load-balancer's rule), for the captions only: the replay does not use the sessions."""
-    from ..load_balancer.model import _requests
-    return _requests(traces.parse_trace(text), traces.BLOCK_SIZE)[0]
+    return traces.requests_with_sessions(text)
 
 
 @functools.lru_cache(maxsize=8)
