@@ -72,7 +72,9 @@ ASK_WORKER = """async (cases) => {
     else if (msg.type === "failed") ready.reject(new Error(msg.message));
     else if (msg.type === "result" || msg.type === "crashed") replies.get(msg.id ?? "crash")?.(msg);
   };
-  worker.postMessage({ type: "init", wheel: new URL(cfg.wheel, location.href).href });
+  worker.postMessage({ type: "init", wheel: new URL(cfg.wheel, location.href).href,
+                       pyodide: new URL(cfg.pyodide, location.href).href,
+                       snapshot: cfg.snapshot && new URL(cfg.snapshot, location.href).href });
   await started;
   const out = [];
   for (let i = 0; i < cases.length; i++) {       // one at a time: a crash answers the request it was working on
