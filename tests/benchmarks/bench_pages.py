@@ -118,6 +118,7 @@ def values_to_try(slug: str, changes: int) -> tuple[str, list[str]]:
             return spec["name"], out
     spec = next(s for s in specs if s["choices"])
     ring = [c for c in spec["choices"] if c != spec["default"]] + [spec["default"]]
+    ring = [c for c in ring if json.loads(page_json(slug, json.dumps({spec["name"]: c})))["ok"]]
     return spec["name"], [ring[i % len(ring)] for i in range(changes)]
 
 
