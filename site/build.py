@@ -24,6 +24,7 @@ from kvx.compute.security import headers_file
 from kvx.site import assets
 from kvx.site.dom_layout import embed
 from kvx.site.model_wheel import build_model_wheel
+from kvx.site import widgets
 from kvx.site.snapshot import make_snapshot
 from kvx.site.vendor import PYODIDE_VERSION, vendor_bokeh, vendor_pyodide
 
@@ -105,10 +106,11 @@ def render_explainer(env: jinja2.Environment, e: Explainer, bokeh_js: list[str],
     data = e.page_data(params)
     bake_measurement(e, params, data)
     view = importlib.import_module(f"kvx.explainers.{e.slug.replace('-', '_')}.view")
-    script, div = embed(view.layout(e.params, params.as_dict(), data), data.get("texts", {}))
+    script, div = embed(widgets.calm_plots(view.layout(e.params, params.as_dict(), data)), data.get("texts", {}))
     config = {
         "slug": e.slug,
         "defaults": params.as_dict(),
+        "params": e.params.describe(),       # the controls' specs: labels, bounds, which may be left empty
         "baked": data,
         "worker": paths["kvx-worker.mjs"],
         "pyodide": paths["pyodide"],

@@ -63,3 +63,27 @@ def vendor_bokeh(out: Path) -> list[str]:
         shutil.copyfile(src / name, out / versioned)
         names.append(versioned)
     return names
+
+
+AXE_VERSION = "4.14.1"
+# `npm view axe-core@4.14.1 dist.integrity`
+AXE_INTEGRITY = "sha512-FHfa+lmNjQZfJz1q8wKqIDwC6DExcHt/pkjNQb09a3NPjCKg2rhu5qb2S4r76ASyFNNtuFooJpZe37OgudVGtQ=="
+
+
+def axe_core_js() -> Path:
+    """axe-core's browser script, for the accessibility checks in the browser tests (never served by the
+    site): fetched with `npm pack` once, checked against the pinned integrity hash every time."""
+    tgz = cache_dir() / f"axe-core-{AXE_VERSION}.tgz"
+    if not tgz.exists():
+        tgz.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["npm", "pack", f"axe-core@{AXE_VERSION}", "--silent", "--pack-destination", str(tgz.parent)],
+                       check=True, stdout=subprocess.DEVNULL)
+    got = _integrity(tgz.read_bytes())
+    if got != AXE_INTEGRITY:
+        raise RuntimeError(f"{tgz} does not match the pinned integrity hash: expected {AXE_INTEGRITY}, got {got}. "
+                           f"Delete it and fetch it again.")
+    out = cache_dir() / f"axe-core-{AXE_VERSION}.min.js"
+    if not out.exists():
+        with tarfile.open(tgz) as tar:
+            out.write_bytes(tar.extractfile("package/axe.min.js").read())
+    return out

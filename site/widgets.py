@@ -12,9 +12,26 @@ from bokeh.layouts import column, row
 
 SPEEDS = ["0.5×", "1×", "2×", "4×", "8×"]
 # Bokeh draws widgets in shadow DOM at 13px; projectors and tired eyes want larger type.
-READABLE_CSS = (":host { font-size: 16px; } label { font-size: 15px; } "
-                ".bk-input, .bk-btn { font-size: 16px; min-height: 36px; }")
+# Buttons' colours meet 4.5:1 with white text (Bokeh's own primary is 3.63:1, success 2.48:1), and focus
+# is a ring a projector shows (Bokeh's is a faint glow); the slider's handle is at least 24x24 px for a finger.
+# Sizes are CSS variables (they cross into Bokeh's shadow DOM), so classroom mode (?present=1) can enlarge them.
+READABLE_CSS = (":host { font-size: var(--kvx-widget-font, 16px); } "
+                "label { font-size: var(--kvx-label-font, 15px); white-space: normal; overflow-wrap: anywhere; } "
+                ".bk-input, .bk-btn { font-size: var(--kvx-widget-font, 16px); min-height: 36px; } "
+                ".bk-btn-primary { background-color: #1d4ed8; border-color: #1e3a8a; color: #fff; } "
+                ".bk-btn-primary:hover { background-color: #1e40af; } "
+                ".bk-btn-success { background-color: #15803d; border-color: #14532d; color: #fff; } "
+                ".bk-btn-success:hover { background-color: #166534; } "
+                ".bk-btn:focus-visible, .bk-input:focus, .noUi-handle:focus { outline: var(--kvx-ring, 3px) solid "
+                "#1d4ed8; outline-offset: 2px; box-shadow: 0 0 0 calc(2 * var(--kvx-ring, 3px)) #fde68a; } "
+                ".bk-description { padding: 4px; margin: -4px 0; cursor: pointer; } "
+                ".bk-description:focus-visible { outline: 3px solid #1d4ed8; outline-offset: 1px; } "
+                ".noUi-horizontal .noUi-handle { width: 28px; height: 28px; right: -14px; top: -11px; }")
 
+# Rows wrap instead of running off a phone's screen; a control takes half the column there (two columns).
+WRAP_CSS = ":host { flex-wrap: wrap !important; row-gap: 4px; }"
+CONTROLS_CSS = (":host { flex-wrap: wrap !important; row-gap: 2px; } "
+                "@media (max-width: 560px) { * { flex: 0 0 calc(50% - 10px) !important; width: auto !important; } }")
 
 # Bokeh models belong to one document, so each page gets its own instances of these two.
 def readable() -> InlineStyleSheet:
@@ -26,14 +43,17 @@ def on_change() -> CustomJS:
     return CustomJS(code="window.kvx && window.kvx.onControl(cb_obj)")
 
 
-def _title(spec) -> str:
-    return f"{spec['name'].replace('_', ' ')}" + (f" ({spec['unit']})" if spec["unit"] else "")
+def title(spec) -> str:
+    """A control's label: its name in words, with its unit unless the unit only repeats the name
+    ("seed", not "seed (seed)"; "requests", not "requests (requests)")."""
+    name, unit = spec["name"].replace("_", " "), spec["unit"]
+    return f"{name} ({unit})" if unit and unit.rstrip("s") != name.rstrip("s") else name
 
 
 def control(spec: dict, value, *, width: int = 190):
     """One control for one parameter, with its inline error message underneath."""
-    name, title = spec["name"], _title(spec)
-    common = dict(name=f"param:{name}", title=title, width=width, description=spec["help"], stylesheets=[readable()])
+    name, label = spec["name"], title(spec)
+    common = dict(name=f"param:{name}", title=label, width=width, description=spec["help"], stylesheets=[readable()])
     if spec["kind"] == "choice" and spec.get("free"):
         widget = AutocompleteInput(value=str(value), completions=spec["choices"], restrict=False,
                                    min_characters=0, case_sensitive=False, **common)
@@ -43,17 +63,21 @@ def control(spec: dict, value, *, width: int = 190):
         widget = TextInput(value="" if value is None else f"{value:g}" if isinstance(value, float) else str(value),
                            placeholder="auto" if spec["optional"] else "", **common)
     widget.js_on_change("value", on_change())
-    error = Div(name=f"error:{name}", text="", width=width, styles={"color": "#b91c1c", "font-size": "14px"})
-    return column(widget, error, spacing=0)
+    error = Div(name=f"error:{name}", text="", sizing_mode="stretch_width",
+                styles={"color": "#b91c1c", "font-size": "14px"})
+    widget.sizing_mode = "stretch_width"
+    widget.width = None
+    return column(widget, error, spacing=0, width=width)
 
 
 def controls(params_cls, values: dict, *, free_choices: tuple[str, ...] = (), per_row: int = 5):
-    """All of an explainer's controls, in declaration order, `per_row` to a row."""
+    """All of an explainer's controls, in declaration order, in one row that wraps: as many to a line as
+    the screen holds, two to a line on a phone. (`per_row` was the old fixed count; it is ignored.)"""
     items = []
     for spec in params_cls.describe():
         spec = dict(spec, free=spec["name"] in free_choices)
         items.append(control(spec, values[spec["name"]]))
-    return column(*[row(*items[i:i + per_row]) for i in range(0, len(items), per_row)])
+    return row(*items, stylesheets=[InlineStyleSheet(css=CONTROLS_CSS)], sizing_mode="stretch_width")
 
 
 def sources(data: dict) -> dict[str, ColumnDataSource]:
@@ -67,9 +91,9 @@ def animation_controls(frames: int):
     step_back = Button(label="◀ Step", name="anim:back", width=80)
     step = Button(label="Step ▶", name="anim:step", width=80)
     reset = Button(label="⟲ Reset", name="anim:reset", width=90)
-    speed = Select(title="", value="1×", options=SPEEDS, name="anim:speed", width=70)
+    speed = Select(title="speed", value="1×", options=SPEEDS, name="anim:speed", width=80)
     frame = Slider(start=0, end=max(1, frames - 1), value=frames - 1, step=1, title="frame", name="anim:frame",
-                   width=300)
+                   sizing_mode="stretch_width", min_width=200)
     caption = Div(text="", name="anim:caption", sizing_mode="stretch_width", styles={"font-size": "17px"})
     for widget in (play, step_back, step, reset, speed, frame):
         widget.stylesheets = [readable()]
@@ -77,7 +101,9 @@ def animation_controls(frames: int):
         button.js_on_event("button_click", CustomJS(code=f"window.kvx && window.kvx.anim.{action}()"))
     speed.js_on_change("value", CustomJS(code="window.kvx && window.kvx.anim.speed(cb_obj.value)"))
     frame.js_on_change("value", CustomJS(code="window.kvx && window.kvx.anim.seek(cb_obj.value)"))
-    return column(row(play, step_back, step, reset, speed, frame), caption, sizing_mode="stretch_width")
+    # The buttons wrap on a phone; the slider gets a line of its own, as wide as the column.
+    return column(row(play, step_back, step, reset, speed, stylesheets=[InlineStyleSheet(css=WRAP_CSS)]),
+                  frame, caption, sizing_mode="stretch_width")
 
 
 def text(name: str, mono: bool = False) -> Div:
@@ -91,7 +117,8 @@ def text(name: str, mono: bool = False) -> Div:
 def run_controls():
     """"Run it here": the runtime enables the button when the compute server answers, and shows the
     baked measurement (labelled with its device) until then."""
-    button = Button(label="Run it here (looking for the kvx server…)", name="run:button", disabled=True, width=420,
+    button = Button(label="Run it here (looking for the kvx server…)", name="run:button", disabled=True,
+                    sizing_mode="stretch_width", max_width=520,
                     button_type="success", stylesheets=[readable()])
     button.js_on_event("button_click", CustomJS(code="window.kvx && window.kvx.runHere()"))
     return column(button, text("run_result"), sizing_mode="stretch_width")
@@ -101,14 +128,40 @@ def upload(name: str, title: str, accept: str = ""):
     """A file the reader gives the model as data (a trace): the runtime reads it as text and sends it as
     `_<name>` with every request. The file is not a parameter, so it is never in the URL. A button
     puts the model back on its own data; the message for a bad file appears underneath."""
-    label = Div(text=title, styles={"font-size": "15px"})
-    box = FileInput(name=f"upload:{name}", accept=accept, width=360, stylesheets=[readable()])
+    box = FileInput(name=f"upload:{name}", title=title, accept=accept, width=360, stylesheets=[readable()])
     box.js_on_change("value", CustomJS(code="window.kvx && window.kvx.onUpload(cb_obj)"))
     clear = Button(label="Use the built-in data", name=f"clear:{name}", width=220, stylesheets=[readable()])
     clear.js_on_event("button_click", CustomJS(code=f"window.kvx && window.kvx.clearUpload({name!r})"))
     error = Div(name=f"error:{name}", text="", sizing_mode="stretch_width", styles={"color": "#b91c1c",
                                                                                   "font-size": "14px"})
-    return column(label, row(box, clear), error, sizing_mode="stretch_width")
+    box.width, box.sizing_mode, box.max_width = None, "stretch_width", 360
+    return column(row(box, clear, stylesheets=[InlineStyleSheet(css=WRAP_CSS)], sizing_mode="stretch_width"),
+                  error, sizing_mode="stretch_width")
+
+
+# Plots side by side on a laptop, one under the other on a phone: each keeps at least 320 px (or the
+# whole column) and the row wraps when two do not fit.
+PLOTS_ROW_CSS = ":host { flex-wrap: wrap !important; row-gap: 8px; } * { min-width: min(100%, 320px); }"
+
+
+def plots_row(*children):
+    """Plots (or columns) side by side that wrap onto their own lines on a narrow screen."""
+    return row(*children, sizing_mode="stretch_width", stylesheets=[InlineStyleSheet(css=PLOTS_ROW_CSS)])
+
+
+def calm_plots(layout):
+    """No plot pans or zooms on its own: a swipe over a plot scrolls the page (on a phone, a drag on a
+    plot used to pan it away for good, with the toolbar hidden and no reset). Hover stays. Each plot is
+    also named for assistive technology by its title, so it is not an unnamed tab stop."""
+    from bokeh.models import Plot
+    for plot in layout.select({"type": Plot}):
+        plot.toolbar.active_drag = None
+        plot.toolbar.active_scroll = None
+        plot.toolbar.active_multi = None
+        title = plot.title.text if plot.title is not None else ""
+        if title and not plot.html_attributes.get("aria-label"):
+            plot.html_attributes = {**plot.html_attributes, "role": "img", "aria-label": title}
+    return layout
 
 
 def readable_figure(fig):

@@ -31,7 +31,8 @@ function urlParams(search) {
   const q = new URLSearchParams(search);
   const out = {};
   for (const k of names) if (q.has(k)) out[k] = q.get(k);
-  return { params: out, step: q.has("step") ? Number(q.get("step")) : null };
+  const step = q.has("step") ? Number(q.get("step")) : NaN;       // abc -> ignored; -3 and 10^9 are clamped
+  return { params: out, step: Number.isFinite(step) ? step : null };
 }
 
 function writeURL(params) {
@@ -41,8 +42,9 @@ function writeURL(params) {
     if (params[k] !== "" && String(params[k]) !== dflt && Number(params[k]) !== Number(dflt)) q.set(k, params[k]);
     else q.delete(k);
   }
-  const opening = anim() && anim().mode === "on_demand" ? cfg.baked.animation.frame : lastFrame();
-  if (anim() && state.frame !== opening) q.set("step", state.frame); else q.delete("step");
+  // The frame is always in the address (a link opens this frame), including one a link asked for
+  // that is still on its way.
+  if (anim()) q.set("step", state.wantFrame !== null ? state.wantFrame : state.frame); else q.delete("step");
   const s = q.toString();
   history.replaceState(null, "", s ? `?${s}` : location.pathname);
 }
@@ -93,12 +95,40 @@ function showErrors(field, message) {
     }
   }
   const notes = document.getElementById("kvx-notes");
-  if (field === null || !(names.includes(field) || model(`error:${field}`))) notes.textContent = message;
+  if (field === null || !(names.includes(field) || model(`error:${field}`))) {
+    notes.textContent = message;
+    notes.dataset.kind = message ? "error" : "";        // a refusal looks like one; the model's notes do not
+  }
+}
+
+// A control's label as the reader sees it (the same words the control shows), for messages that would
+// otherwise name the code's field ("gpu count (GPUs)", not "gpu_count").
+function labelOf(field) {
+  const widget = names.includes(field) && model(`param:${field}`);
+  return (widget && widget.title) || field;
+}
+
+function labelled(field, message) {
+  if (!field || !message) return message;
+  return message.replace(new RegExp(`\\b${field}\\b`, "g"), labelOf(field));
+}
+
+// A required box left empty says so under the control, instead of the model quietly using its default.
+function emptyRequired(params) {
+  for (const spec of cfg.params || []) {
+    if (spec.optional || params[spec.name] !== "") continue;
+    const range = spec.kind === "choice" ? `one of ${spec.choices.join(", ")}`
+      : `a number from ${spec.min} to ${spec.max}${spec.unit ? ` ${spec.unit}` : ""}`;
+    return { field: spec.name, message: `${labelOf(spec.name)} needs a value: type ${range}; the box is empty.` };
+  }
+  return null;
 }
 
 function request() {
   const params = readParams();
   writeURL(params);
+  const empty = emptyRequired(params);
+  if (empty) { showErrors(empty.field, empty.message); return; }
   if (!state.ready) {
     state.queued = true;
     if (state.started) {
@@ -150,7 +180,13 @@ function onResult(id, reply) {
   if (state.progressShown) { state.progressShown = false; setStatus(state.readyText, "ready"); }
   if (!reply.ok) {
     if (reply.field in uploads) delete uploads[reply.field];   // a bad file is not kept: the next change uses the model's own data
-    showErrors(reply.field, reply.message);
+    showErrors(reply.field, labelled(reply.field, reply.message));
+    if (state.wantFrame !== null && anim()) {           // a link's step still applies to the plots kept
+      const k = state.wantFrame;
+      state.wantFrame = null;
+      showFrame(k);
+      writeURL(readParams());
+    }
     html.dataset.kvxErrors = String(Number(html.dataset.kvxErrors || 0) + 1);
     return;
   }
@@ -185,7 +221,7 @@ function apply(data, keepFrame) {
     slider.end = Math.max(1, lastFrame());
     state.suppress = false;
     const k = keepFrame && !wasAtEnd ? Math.min(state.frame, lastFrame()) : lastFrame();
-    if (anim().mode === "on_demand" && state.wantFrame !== null) {
+    if (state.wantFrame !== null) {
       const k = state.wantFrame;                       // a link's step, asked for with these parameters
       state.wantFrame = null;
       showFrame(k);
@@ -194,11 +230,14 @@ function apply(data, keepFrame) {
     } else {
       showFrame(k);
     }
+    if (keepFrame) writeURL(readParams());             // a reply may move the frame: the address follows
   }
   applyTexts(data.texts || {});
   renderFormula(data.formula || []);
   renderReadouts(data.readouts || []);
-  document.getElementById("kvx-notes").textContent = (data.notes || []).join(" ");
+  const notes = document.getElementById("kvx-notes");
+  notes.textContent = (data.notes || []).join(" ");
+  notes.dataset.kind = "note";
 }
 
 // Texts (block tables, findings, captions, measurements) are plain elements outside Bokeh's layout
@@ -327,32 +366,72 @@ async function findServer() {
 
 function say(text) { setText("run_result", text); }
 
+// What the server says about a job, in words: queued (with its place when the server gives one), running
+// with its progress, and how long the reader has waited.
+function jobState(body, started) {
+  const waited = `${((performance.now() - started) / 1000).toFixed(1)} s`;
+  if (body.status === "queued") {
+    const place = Number.isInteger(body.position) ? `, ${body.position} job${body.position === 1 ? "" : "s"} ahead` : "";
+    return `Queued on the server${place} (${waited}).`;
+  }
+  return `Running: ${Math.round(100 * (body.progress || 0))}%${body.message ? ` (${body.message})` : ""}, ${waited}.`;
+}
+
+const RETRIES = 12;               // a class pressing together: each waits its turn instead of giving up
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+function detailOf(body) {
+  const d = body && body.detail;
+  return Array.isArray(d) ? d.map((x) => x.msg).join(" ") : String(d || "no reason given");
+}
+
 async function runHere() {
   const run = state.data.run;
   if (!run || !server.device) return;
   const button = model("run:button");
   button.disabled = true;
   const started = performance.now();
+  html.dataset.kvxRunState = "sent";
   say("Sent to the server…");
   try {
-    let reply = await fetch(`${cfg.api}/kernels/${run.kernel}`, {
-      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(run.request) });
-    let body = await reply.json();
-    while (reply.status === 202) {            // a long job: poll it and show its progress
-      say(`Running: ${Math.round(100 * body.progress)}% ${body.message || ""} (${((performance.now() - started) / 1000).toFixed(1)} s)`);
-      await new Promise((r) => setTimeout(r, 400));
-      reply = await fetch(`${cfg.api}/jobs/${body.job}`);
-      body = await reply.json();
-    }
-    if (!reply.ok) {
-      const detail = Array.isArray(body.detail) ? body.detail.map((d) => d.msg).join(" ") : body.detail;
-      say(`The server could not run it: ${detail}${reply.headers.get("Retry-After") ? " Try again in a few seconds." : ""}`);
+    for (let attempt = 1; ; attempt += 1) {
+      let reply = await fetch(`${cfg.api}/kernels/${run.kernel}`, {
+        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(run.request) });
+      let body = await reply.json();
+      while (reply.status === 202) {            // queued or running: poll it and say which
+        html.dataset.kvxRunState = body.status;
+        say(jobState(body, started));
+        await sleep(400);
+        reply = await fetch(`${cfg.api}/jobs/${body.job}`);
+        body = await reply.json();
+      }
+      // Busy (503 queue full, 429 this reader's share): wait as long as the server asks, then try again
+      // by itself, so every student in a class gets an answer without pressing again.
+      const after = Number(reply.headers.get("Retry-After"));
+      if ((reply.status === 503 || reply.status === 429) && after > 0 && attempt < RETRIES) {
+        html.dataset.kvxRunState = "retrying";
+        html.dataset.kvxRetries = String(attempt);
+        for (let left = Math.ceil(after); left > 0; left -= 1) {
+          const why = reply.status === 429 ? "your earlier runs are still waiting" : "its queue is full";
+          say(`The server is busy (${why}); trying again by itself in ${left} s ` +
+              `(attempt ${attempt + 1} of ${RETRIES}).`);
+          await sleep(1000);
+        }
+        continue;
+      }
+      if (!reply.ok) {
+        html.dataset.kvxRunState = "failed";
+        say(`The server could not run it: ${detailOf(body)}`);
+        return;
+      }
+      html.dataset.kvxRunState = "done";
+      // The model words the measurement next to its own prediction, in the worker.
+      state.latest += 1;
+      worker.postMessage({ type: "run", id: state.latest, slug: cfg.slug, params: { ...readParams(), _run_reply: body } });
       return;
     }
-    // The model words the measurement next to its own prediction, in the worker.
-    state.latest += 1;
-    worker.postMessage({ type: "run", id: state.latest, slug: cfg.slug, params: { ...readParams(), _run_reply: body } });
   } catch (err) {
+    html.dataset.kvxRunState = "failed";
     say(`The server stopped answering (${err.message}); the page keeps working without it.`);
   } finally {
     button.disabled = false;
@@ -422,16 +501,84 @@ function applyURL(search, initial = false) {
   setControls(params);
   const requested = !initial || Object.keys(params).length > 0;
   if (requested) request();
-  if (step === null || !anim()) return;
+  if (!anim()) return;
   // An on-demand page redraws its opening frame when the new parameters' data arrives, so ask for the
   // URL's step after that reply (apply() below), not before it.
-  if (requested && anim().mode === "on_demand") state.wantFrame = step;
-  else showFrame(step);
+  // The same for a cumulative page: the link's parameters may have more frames than the baked ones.
+  if (step !== null && requested) state.wantFrame = Math.max(0, Math.round(step));
+  else if (step !== null) showFrame(step);
+  writeURL(readParams());                 // the frame shown (a bad step clamped, or none given) is in the address
+}
+
+// ---- "copy link to this view" and "reset all" ----------------------------------------------------------
+function toolSaid(text) {
+  const el = document.getElementById("kvx-tool-said");
+  if (el) el.textContent = text;
+}
+
+async function copyLink() {
+  writeURL(readParams());
+  const link = location.href;
+  try {
+    await navigator.clipboard.writeText(link);
+    toolSaid("Link copied.");
+  } catch (err) {                        // no clipboard (plain http, or refused): show it to copy by hand
+    window.prompt("Copy this link:", link);
+    toolSaid("");
+  }
+  html.dataset.kvxCopied = link;
+}
+
+function resetAll() {
+  pause();
+  for (const k of Object.keys(uploads)) delete uploads[k];
+  setControls({});
+  state.wantFrame = null;
+  if (anim()) state.frame = anim().mode === "on_demand" ? cfg.baked.animation.frame : lastFrame();
+  request();
+  toolSaid("Every control is back to its default.");
+}
+
+// ---- classroom mode: ?present=1 or the P key ----------------------------------------------------------
+const FONT_PROPS = ["text_font_size", "axis_label_text_font_size", "major_label_text_font_size",
+                    "label_text_font_size", "title_text_font_size"];
+const fontsAsBuilt = new Map();     // model -> {prop: size}, to put back when the mode is left
+
+function scaleFont(size, k) {
+  const m = /^([\d.]+)px$/.exec(size);
+  return m ? `${Math.round(Number(m[1]) * k)}px` : size;
+}
+
+function present(on) {
+  html.classList.toggle("kvx-present", on);
+  for (const m of doc.all_models) {
+    for (const prop of FONT_PROPS) {
+      if (!(prop in m.properties)) continue;
+      if (!fontsAsBuilt.has(m)) fontsAsBuilt.set(m, {});
+      const built = fontsAsBuilt.get(m);
+      if (!(prop in built)) built[prop] = m[prop];
+      const size = built[prop];
+      const value = on ? (typeof size === "string" ? scaleFont(size, 1.4)
+                          : size && typeof size.value === "string" ? { ...size, value: scaleFont(size.value, 1.4) } : size)
+                       : size;
+      if (value !== m[prop]) m[prop] = value;
+    }
+  }
+  const q = new URLSearchParams(location.search);
+  if (on) q.set("present", "1"); else q.delete("present");
+  const s = q.toString();
+  history.replaceState(null, "", s ? `?${s}` : location.pathname);
 }
 
 function onKey(event) {
   const target = event.composedPath()[0];
   if (target && /^(INPUT|SELECT|TEXTAREA|BUTTON)$/.test(target.tagName)) return;
+  if ((event.key === "p" || event.key === "P") && !event.ctrlKey && !event.metaKey && !event.altKey) {
+    present(!html.classList.contains("kvx-present"));
+    return;
+  }
+  // The focused frame slider moves itself on an arrow key: stepping here too moved it two frames.
+  if (target && target.getAttribute && target.getAttribute("role") === "slider") return;
   if (!anim()) return;
   if (event.key === "ArrowRight") { animation.step(); event.preventDefault(); }
   else if (event.key === "ArrowLeft") { animation.back(); event.preventDefault(); }
@@ -446,6 +593,66 @@ function onClick(event) {
   history.pushState(null, "", a.getAttribute("href"));
   applyURL(location.search);
   document.querySelector(".kvx-interactive").scrollIntoView({ behavior: "smooth", block: "start" });
+}
+
+// Bokeh draws its widgets in shadow DOM: the few things the page adds to them are found by a deep walk.
+function deepAll(selector, root = document, out = []) {
+  for (const e of root.querySelectorAll("*")) {
+    if (e.matches(selector)) out.push(e);
+    if (e.shadowRoot) deepAll(selector, e.shadowRoot, out);
+  }
+  return out;
+}
+
+// Help (ⓘ) as a disclosure a finger or the keyboard can open, not only a hover title: a button that
+// shows the control's help text under it (the same text the spec gives the control).
+function helpDisclosure(desc) {
+  const text = desc.title;
+  if (!text || desc.dataset.kvxHelp) return;
+  desc.dataset.kvxHelp = "1";
+  desc.removeAttribute("title");
+  const label = (desc.closest("label") || desc.parentElement).textContent.trim();
+  const box = document.createElement("div");
+  box.className = "kvx-help";
+  box.setAttribute("role", "note");
+  box.textContent = text;
+  box.hidden = true;
+  Object.assign(box.style, { fontSize: "14px", lineHeight: "1.35", margin: "4px 0 0", padding: "4px 8px",
+                             borderLeft: "3px solid #1d4ed8", background: "#eff6ff", color: "#111827" });
+  (desc.closest(".bk-input-group") || desc.parentElement).append(box);
+  desc.setAttribute("role", "button");
+  desc.tabIndex = 0;
+  desc.setAttribute("aria-label", `Help: ${label}`);
+  desc.setAttribute("aria-expanded", "false");
+  const toggle = (event) => {
+    event.preventDefault();            // inside the control's <label>: do not also focus the input
+    event.stopPropagation();
+    box.hidden = !box.hidden;
+    desc.setAttribute("aria-expanded", String(!box.hidden));
+  };
+  desc.addEventListener("click", toggle);
+  desc.addEventListener("keydown", (event) => { if (event.key === "Enter" || event.key === " ") toggle(event); });
+}
+
+// A suggestion list (dtype) closes when the reader leaves the box with Tab, as a native one does.
+function closeOnLeave(input) {
+  if (input.dataset.kvxLeave) return;
+  input.dataset.kvxLeave = "1";
+  const close = () => input.dispatchEvent(new KeyboardEvent("keyup", { key: "Escape", bubbles: true }));
+  input.addEventListener("keydown", (event) => { if (event.key === "Tab") close(); });
+  input.addEventListener("focusout", (event) => { if (event.relatedTarget) close(); });
+}
+
+// noUiSlider's handle (role="slider") has no name of its own: say what it moves.
+function improveWidgets(tries = 0) {
+  const handles = deepAll(".noUi-handle");
+  for (const h of handles) if (!h.getAttribute("aria-label")) h.setAttribute("aria-label", "animation frame");
+  deepAll(".bk-description").forEach(helpDisclosure);
+  for (const host of deepAll(".bk-AutocompleteInput")) {
+    const input = host.shadowRoot && host.shadowRoot.querySelector("input");
+    if (input) closeOnLeave(input);
+  }
+  if (!handles.length && anim() && tries < 50) setTimeout(() => improveWidgets(tries + 1), 100);
 }
 
 function whenBokehReady() {
@@ -466,11 +673,15 @@ window.kvx = { onControl: () => { if (!state.suppress) request(); }, anim: anima
 const drawn = whenBokehReady();
 startWorker();
 doc = await drawn;
+improveWidgets();
+if (new URLSearchParams(location.search).get("present") === "1") present(true);
 state.params = cfg.defaults;
 apply(cfg.baked, false);
 html.setAttribute("data-kvx-drawn", String(Math.round(performance.now())));   // first plot, ms since navigation
 applyURL(location.search, true);
 document.addEventListener("keydown", onKey);
+document.getElementById("kvx-copy-link")?.addEventListener("click", copyLink);
+document.getElementById("kvx-reset-all")?.addEventListener("click", resetAll);
 document.addEventListener("click", onClick);
 window.addEventListener("popstate", () => applyURL(location.search));
 findServer();

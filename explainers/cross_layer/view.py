@@ -3,7 +3,7 @@ context, the paper's Table 1, and what the kernels measured on the project's tra
 of layer-to-layer similarity, loss and recall with sharing imposed and trained in)."""
 from __future__ import annotations
 
-from bokeh.layouts import column, row
+from bokeh.layouts import column
 from bokeh.models import (Div, FactorRange, FixedTicker, HoverTool, LabelSet, NumeralTickFormatter, Range1d,
                           Span)
 from bokeh.plotting import figure
@@ -67,7 +67,7 @@ def _paper(src):
 
 
 def _heat(src, key: str, title: str, n: int):
-    fig = figure(width=430, height=420, toolbar_location=None, title=title,
+    fig = figure(width=430, height=420, sizing_mode="scale_width", max_width=560, toolbar_location=None, title=title,
                  x_range=Range1d(-0.5, n - 0.5), y_range=Range1d(n - 0.5, -0.5),
                  x_axis_label="layer", y_axis_label="layer")
     fig.rect("x", "y", 0.96, 0.96, source=src[key], fill_color="color", line_color=None)
@@ -108,11 +108,11 @@ def layout(params_cls, values: dict, data: dict):
                    "share of value bytes (dashed red line: chance, 1 in 64)", 2.5, chance=data["recall_chance"])
     recall.xaxis.formatter = NumeralTickFormatter(format="0%")
     recall.xaxis.ticker = FixedTicker(ticks=[0, 0.25, 0.5, 0.75, 1])
-    header = Div(text=f"<h3 style='margin:18px 0 4px;font-size:20px'>Measured on the project's own trained models</h3>"
+    header = Div(text=f"<h2 style='margin:18px 0 4px;font-size:20px;border:0;padding:0'>Measured on the project's own trained models</h2>"
                       f"<p style='font-size:15px;color:#4b5563;margin:0'>{baked}. The bar for the chosen sharing "
                       f"factor is solid.</p>", sizing_mode="stretch_width")
     controls = widgets.controls(params_cls, values, free_choices=("kv_dtype",), per_row=4)
-    return column(controls, _waterfall(src, data), row(_memory(src), _paper(src), sizing_mode="stretch_width"),
-                  header, widgets.text("measured"), widgets.text("similarity"), row(heat_k, heat_v),
-                  row(loss, recall, sizing_mode="stretch_width"), widgets.run_controls(),
+    return column(controls, _waterfall(src, data), widgets.plots_row(_memory(src), _paper(src)),
+                  header, widgets.text("measured"), widgets.text("similarity"), widgets.plots_row(heat_k, heat_v),
+                  widgets.plots_row(loss, recall), widgets.run_controls(),
                   sizing_mode="stretch_width")

@@ -1,7 +1,7 @@
 """The cross-model page: FLOPs and time of both handoffs against context, memory, the layer map, the real fit."""
 from __future__ import annotations
 
-from bokeh.layouts import column, row
+from bokeh.layouts import column
 from bokeh.models import FactorRange, HoverTool, LabelSet, NumeralTickFormatter, Range1d
 from bokeh.plotting import figure
 
@@ -60,6 +60,6 @@ def layout(params_cls, values: dict, data: dict):
         widgets.readable_figure(fig)
 
     controls = widgets.controls(params_cls, values, free_choices=("map_dtype",), per_row=5)
-    return column(controls, row(flops, time, sizing_mode="stretch_width"),
-                  row(memory, layers, sizing_mode="stretch_width"), widgets.run_controls(),
+    return column(controls, widgets.plots_row(flops, time),
+                  widgets.plots_row(memory, layers), widgets.run_controls(),
                   sizing_mode="stretch_width")

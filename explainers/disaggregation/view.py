@@ -1,7 +1,7 @@
 """The disaggregation page: both modes on one timeline, step by step; exposed time against context and link."""
 from __future__ import annotations
 
-from bokeh.layouts import column, row
+from bokeh.layouts import column
 from bokeh.models import FactorRange, HoverTool, LabelSet, NumeralTickFormatter, Range1d
 from bokeh.plotting import figure
 from bokeh.transform import factor_cmap
@@ -74,5 +74,5 @@ def layout(params_cls, values: dict, data: dict):
         widgets.readable_figure(fig)
     controls = widgets.controls(params_cls, values, free_choices=("kv_dtype",), per_row=5)
     animation = widgets.animation_controls(data["animation"]["frames"])
-    return column(controls, animation, gantt, zoom, row(curve, links, sizing_mode="stretch_width"),
+    return column(controls, animation, gantt, zoom, widgets.plots_row(curve, links),
                   sizing_mode="stretch_width")

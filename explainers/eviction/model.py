@@ -403,7 +403,7 @@ def decode_html(chars: str, now: list[int], k: int, prompt: int, victim: int | N
     t = prompt + k - 1 if k >= 1 else prompt - 1
     parts = []
     for j, ch in enumerate(chars[:t + 1]):
-        style = ("background:#bbf7d0;" if j in cached else "color:#9ca3af;")
+        style = ("background:#bbf7d0;" if j in cached else "color:#6b7280;")
         if j == victim:
             style = "background:#fecaca;text-decoration:line-through;"
         if j == t:

@@ -2,7 +2,7 @@
 stepping through decoding."""
 from __future__ import annotations
 
-from bokeh.layouts import column, row
+from bokeh.layouts import column
 from bokeh.models import (CategoricalColorMapper, ColorBar, Div, FactorRange, HoverTool, Label, LogColorMapper,
                           NumeralTickFormatter, Range1d, Span)
 from bokeh.palettes import Magma256
@@ -157,9 +157,9 @@ def layout(params_cls, values: dict, data_: dict):
                      "are the real text, fed in one at a time).</p>", sizing_mode="stretch_width",
                 styles={"font-size": "16px"})
     controls = widgets.controls(params_cls, values, per_row=4)
-    return column(controls, widgets.text("rule"), head, amap, row(score, recv, sizing_mode="stretch_width"),
-                  row(sinks, widgets.text("findings"), sizing_mode="stretch_width"), cost, row(loss, top1, sizing_mode="stretch_width"),
-                  row(recall, column(widgets.run_controls(), widgets.text("provenance"), sizing_mode="stretch_width"),
-                      sizing_mode="stretch_width"),
+    return column(controls, widgets.text("rule"), head, amap, widgets.plots_row(score, recv),
+                  widgets.plots_row(sinks, widgets.text("findings")), cost, widgets.plots_row(loss, top1),
+                  widgets.plots_row(recall, column(widgets.run_controls(), widgets.text("provenance"),
+                                                   sizing_mode="stretch_width")),
                   steps, widgets.animation_controls(data_["animation"]["frames"]), raster, steploss,
                   widgets.text("decode_text"), sizing_mode="stretch_width")

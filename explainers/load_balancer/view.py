@@ -2,7 +2,7 @@
 then each router's hit rate over the run, its time-to-first-token distribution and its busiest replica."""
 from __future__ import annotations
 
-from bokeh.layouts import column, row
+from bokeh.layouts import column
 from bokeh.models import HoverTool, NumeralTickFormatter, Range1d
 from bokeh.plotting import figure
 from bokeh.transform import dodge
@@ -98,4 +98,4 @@ def layout(params_cls, values: dict, data: dict):
                                      f"{traces.BROWSER_NOTE}).", accept=".jsonl,.json,.txt")
     return column(widgets.controls(params_cls, values, per_row=5), upload, widgets.text("trace"),
                   widgets.animation_controls(data["animation"]["frames"]), lanes,
-                  row(running, ttft, busy, sizing_mode="stretch_width"), sizing_mode="stretch_width")
+                  widgets.plots_row(running, ttft, busy), sizing_mode="stretch_width")

@@ -1,7 +1,7 @@
 """The paging page: two memory maps filling side by side, a block table, and the run over time."""
 from __future__ import annotations
 
-from bokeh.layouts import column, row
+from bokeh.layouts import column
 from bokeh.models import HoverTool, Range1d
 from bokeh.plotting import figure
 from bokeh.transform import dodge
@@ -52,5 +52,5 @@ def layout(params_cls, values: dict, data: dict):
     controls = widgets.controls(params_cls, values, per_row=6)
     animation = widgets.animation_controls(data["animation"]["frames"])
     block_table = widgets.text("block_table", mono=True)
-    return column(controls, animation, row(reserve, paged, sizing_mode="stretch_width"), block_table,
-                  row(share, running, sizing_mode="stretch_width"), sizing_mode="stretch_width")
+    return column(controls, animation, widgets.plots_row(reserve, paged), block_table,
+                  widgets.plots_row(share, running), sizing_mode="stretch_width")

@@ -1,7 +1,7 @@
 """The prefix-reuse page: the radix tree growing request by request, and what each request computed."""
 from __future__ import annotations
 
-from bokeh.layouts import column, row
+from bokeh.layouts import column
 from bokeh.models import ColorBar, HoverTool, LinearColorMapper
 from bokeh.palettes import Viridis256
 from bokeh.plotting import figure
@@ -47,7 +47,7 @@ def layout(params_cls, values: dict, data: dict):
                                      "JSONL file (one request per line; "
                                      f"{traces.BROWSER_NOTE}).", accept=".jsonl,.json,.txt")
     return column(controls, upload, widgets.text("trace"), widgets.animation_controls(data["animation"]["frames"]), tree,
-                  row(per, cum, sizing_mode="stretch_width"), sizing_mode="stretch_width")
+                  widgets.plots_row(per, cum), sizing_mode="stretch_width")
 
 
 def _outline():

@@ -1,7 +1,7 @@
 """The quantization page: bytes per decode step, the roofline, speed against context, the crossover."""
 from __future__ import annotations
 
-from bokeh.layouts import column, row
+from bokeh.layouts import column
 from bokeh.models import DataRange1d, FactorRange, HoverTool, LabelSet, NumeralTickFormatter
 from bokeh.plotting import figure
 
@@ -58,5 +58,5 @@ def layout(params_cls, values: dict, data: dict):
     for fig in (bytes_fig, roof, speed, cross):
         widgets.readable_figure(fig)
     controls = widgets.controls(params_cls, values, free_choices=("weight_dtype", "kv_dtype"), per_row=5)
-    return column(controls, bytes_fig, widgets.run_controls(), row(roof, cross, sizing_mode="stretch_width"), speed,
+    return column(controls, bytes_fig, widgets.run_controls(), widgets.plots_row(roof, cross), speed,
                   sizing_mode="stretch_width")

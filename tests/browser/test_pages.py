@@ -8,6 +8,7 @@ import re
 import pytest
 
 from kvx.explainers.registry import REGISTRY
+from kvx.site import widgets
 
 READY_MS = 90_000     # cold Pyodide start on a busy 2-core machine; typically 3-8 s
 
@@ -28,7 +29,7 @@ def set_control(page, name: str, value: str) -> None:
 
 def label(name: str) -> str:
     spec = next(s for e in REGISTRY.values() for s in e.params.describe() if s["name"] == name)
-    return f"{name.replace('_', ' ')}" + (f" ({spec['unit']})" if spec["unit"] else "")
+    return widgets.title(spec)
 
 
 def wait_applied(page, before: int) -> None:
@@ -138,7 +139,7 @@ def test_cache_renting_url_state_animation_and_keyboard(offline_page, site_url):
     page.wait_for_function(f"document.documentElement.dataset.kvxFrame === '{frames - 1}'", timeout=20_000)
     assert source_data(page, "memory")["kind"][-1] == "rejected"
     assert "the node is full at 10 sessions" in page.evaluate("kvx.text('caption')")
-    assert "step=" not in page.url               # the last frame is the default view
+    assert f"step={frames - 1}" in page.url      # the frame is always in the address, the last one too
 
 
 def test_cache_renting_try_this_link_applies_in_place(offline_page, site_url):
