@@ -549,8 +549,22 @@ function scaleFont(size, k) {
   return m ? `${Math.round(Number(m[1]) * k)}px` : size;
 }
 
+// Plot fonts scaled from the view's sizes: x1.4 in classroom mode, x0.8 on a phone (a long title or legend
+// in a 320 px plot is cut less), x1 otherwise.
+const narrow = window.matchMedia("(max-width: 560px)");
+function plotFontScale() { return html.classList.contains("kvx-present") ? 1.4 : narrow.matches ? 0.8 : 1; }
+
 function present(on) {
   html.classList.toggle("kvx-present", on);
+  scalePlotFonts(plotFontScale());
+  const q = new URLSearchParams(location.search);
+  if (on) q.set("present", "1"); else q.delete("present");
+  const s = q.toString();
+  history.replaceState(null, "", s ? `?${s}` : location.pathname);
+}
+
+function scalePlotFonts(k) {
+  const on = k !== 1;
   for (const m of doc.all_models) {
     for (const prop of FONT_PROPS) {
       if (!(prop in m.properties)) continue;
@@ -558,16 +572,12 @@ function present(on) {
       const built = fontsAsBuilt.get(m);
       if (!(prop in built)) built[prop] = m[prop];
       const size = built[prop];
-      const value = on ? (typeof size === "string" ? scaleFont(size, 1.4)
-                          : size && typeof size.value === "string" ? { ...size, value: scaleFont(size.value, 1.4) } : size)
+      const value = on ? (typeof size === "string" ? scaleFont(size, k)
+                          : size && typeof size.value === "string" ? { ...size, value: scaleFont(size.value, k) } : size)
                        : size;
       if (value !== m[prop]) m[prop] = value;
     }
   }
-  const q = new URLSearchParams(location.search);
-  if (on) q.set("present", "1"); else q.delete("present");
-  const s = q.toString();
-  history.replaceState(null, "", s ? `?${s}` : location.pathname);
 }
 
 function onKey(event) {
@@ -675,6 +685,8 @@ startWorker();
 doc = await drawn;
 improveWidgets();
 if (new URLSearchParams(location.search).get("present") === "1") present(true);
+else if (narrow.matches) scalePlotFonts(plotFontScale());
+narrow.addEventListener("change", () => scalePlotFonts(plotFontScale()));
 state.params = cfg.defaults;
 apply(cfg.baked, false);
 html.setAttribute("data-kvx-drawn", String(Math.round(performance.now())));   // first plot, ms since navigation
