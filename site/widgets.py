@@ -135,7 +135,8 @@ def upload(name: str, title: str, accept: str = ""):
     error = Div(name=f"error:{name}", text="", sizing_mode="stretch_width", styles={"color": "#b91c1c",
                                                                                   "font-size": "14px"})
     box.width, box.sizing_mode, box.max_width = None, "stretch_width", 360
-    return column(row(box, clear, stylesheets=[InlineStyleSheet(css=WRAP_CSS)], sizing_mode="stretch_width"),
+    # The file box keeps a usable width: on a phone the button goes under it (PLOTS_ROW_CSS wraps).
+    return column(row(box, clear, stylesheets=[InlineStyleSheet(css=PLOTS_ROW_CSS)], sizing_mode="stretch_width"),
                   error, sizing_mode="stretch_width")
 
 
