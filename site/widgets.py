@@ -63,8 +63,9 @@ def control(spec: dict, value, *, width: int = 190):
         widget = TextInput(value="" if value is None else f"{value:g}" if isinstance(value, float) else str(value),
                            placeholder="auto" if spec["optional"] else "", **common)
     widget.js_on_change("value", on_change())
-    error = Div(name=f"error:{name}", text="", sizing_mode="stretch_width",
-                styles={"color": "#b91c1c", "font-size": "14px"})
+    error = Div(name=f"error:{name}", text="", sizing_mode="stretch_width", margin=(0, 5, 4, 5),
+                styles={"color": "#b91c1c", "font-size": "14px"},
+                stylesheets=[InlineStyleSheet(css=".bk-clearfix:empty, div:empty { display: none; }")])
     widget.sizing_mode = "stretch_width"
     widget.width = None
     return column(widget, error, spacing=0, width=width)
