@@ -8,49 +8,10 @@ import re
 import pytest
 
 from kvx.explainers.registry import REGISTRY
-from kvx.site import widgets
+
+from .pagehooks import applied, assert_sources_equal, expected, set_control, source_data, wait_applied
 
 READY_MS = 90_000     # cold Pyodide start on a busy 2-core machine; typically 3-8 s
-
-
-def source_data(page, key: str) -> dict:
-    return page.evaluate(
-        """key => { const d = Bokeh.documents[0].get_model_by_name('source:' + key).data;
-                     const out = {}; for (const [k, v] of (d instanceof Map ? d : Object.entries(d))) out[k] = Array.from(v);
-                     return out; }""", key)
-
-
-def set_control(page, name: str, value: str) -> None:
-    """Type into a control the way a reader does: select its text, type, press Enter."""
-    box = page.locator(f".bk-input-group:has(label:text-is('{label(name)}')) input")
-    box.fill(value)
-    box.press("Enter")
-
-
-def label(name: str) -> str:
-    spec = next(s for e in REGISTRY.values() for s in e.params.describe() if s["name"] == name)
-    return widgets.title(spec)
-
-
-def wait_applied(page, before: int) -> None:
-    page.wait_for_function(f"Number(document.documentElement.dataset.kvxApplied || 0) > {before}", timeout=30_000)
-
-
-def applied(page) -> int:
-    return int(page.evaluate("Number(document.documentElement.dataset.kvxApplied || 0)"))
-
-
-def expected(slug: str, **values) -> dict:
-    e = REGISTRY[slug]
-    return json.loads(json.dumps(e.page_data(e.params.from_mapping(values))))
-
-
-def assert_sources_equal(page, data: dict) -> None:
-    for key, cols in data["sources"].items():
-        got = source_data(page, key)
-        for col, values in cols.items():
-            assert got[col] == pytest.approx(values) if values and isinstance(values[0], float) else got[col] == values, \
-                (key, col)
 
 
 def baked_run_text(page) -> str:

@@ -9,49 +9,14 @@ import json
 from kvx.explainers.agent_sessions.model import AgentParams, page_data
 from kvx.explainers.core import traces
 
-import pytest
-
-from kvx.explainers.registry import REGISTRY
-from kvx.site import widgets
+from . import pagehooks
+from .pagehooks import applied, assert_sources_equal, expected, wait_applied
 
 READY_MS = 90_000     # cold Pyodide start on a busy 2-core machine
 
 
-# The page's own hooks, as tests/browser/test_pages.py uses them (test modules are not importable from each other).
-def source_data(page, key: str) -> dict:
-    return page.evaluate(
-        """key => { const d = Bokeh.documents[0].get_model_by_name('source:' + key).data;
-                     const out = {}; for (const [k, v] of (d instanceof Map ? d : Object.entries(d))) out[k] = Array.from(v);
-                     return out; }""", key)
-
-
 def set_control(page, name: str, value: str) -> None:
-    spec = next(s for s in REGISTRY["agent-sessions"].params.describe() if s["name"] == name)
-    label = widgets.title(spec)
-    box = page.locator(f".bk-input-group:has(label:text-is('{label}')) input")
-    box.fill(value)
-    box.press("Enter")
-
-
-def applied(page) -> int:
-    return int(page.evaluate("Number(document.documentElement.dataset.kvxApplied || 0)"))
-
-
-def wait_applied(page, before: int) -> None:
-    page.wait_for_function(f"Number(document.documentElement.dataset.kvxApplied || 0) > {before}", timeout=60_000)
-
-
-def expected(slug: str, **values) -> dict:
-    e = REGISTRY[slug]
-    return json.loads(json.dumps(e.page_data(e.params.from_mapping(values))))
-
-
-def assert_sources_equal(page, data: dict) -> None:
-    for key, cols in data["sources"].items():
-        got = source_data(page, key)
-        for col, values in cols.items():
-            assert got[col] == pytest.approx(values) if values and isinstance(values[0], float) else got[col] == values, \
-                (key, col)
+    pagehooks.set_control(page, name, value, slug="agent-sessions")
 
 
 def test_agent_sessions_replays_an_uploaded_trace(offline_page, site_url, screenshot, tmp_path):

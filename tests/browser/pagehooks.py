@@ -1,0 +1,52 @@
+"""The page's own hooks, shared by the browser tests: read a plot's source, type into a control, wait for the
+worker's reply to be applied, and compare what is drawn with CPython's model for the same parameters."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvx.explainers.registry import REGISTRY
+from kvx.site import widgets
+
+
+def source_data(page, key: str) -> dict:
+    return page.evaluate(
+        """key => { const d = Bokeh.documents[0].get_model_by_name('source:' + key).data;
+                     const out = {}; for (const [k, v] of (d instanceof Map ? d : Object.entries(d))) out[k] = Array.from(v);
+                     return out; }""", key)
+
+
+def label(name: str, slug: str | None = None) -> str:
+    """The control's label, as the page shows it (from the same spec the control is built from)."""
+    explainers = [REGISTRY[slug]] if slug else list(REGISTRY.values())
+    spec = next(s for e in explainers for s in e.params.describe() if s["name"] == name)
+    return widgets.title(spec)
+
+
+def set_control(page, name: str, value: str, slug: str | None = None) -> None:
+    """Type into a control the way a reader does: select its text, type, press Enter."""
+    box = page.locator(f".bk-input-group:has(label:text-is('{label(name, slug)}')) input")
+    box.fill(value)
+    box.press("Enter")
+
+
+def applied(page) -> int:
+    return int(page.evaluate("Number(document.documentElement.dataset.kvxApplied || 0)"))
+
+
+def wait_applied(page, before: int, timeout_ms: int = 60_000) -> None:
+    page.wait_for_function(f"Number(document.documentElement.dataset.kvxApplied || 0) > {before}", timeout=timeout_ms)
+
+
+def expected(slug: str, **values) -> dict:
+    e = REGISTRY[slug]
+    return json.loads(json.dumps(e.page_data(e.params.from_mapping(values))))
+
+
+def assert_sources_equal(page, data: dict) -> None:
+    for key, cols in data["sources"].items():
+        got = source_data(page, key)
+        for col, values in cols.items():
+            assert got[col] == pytest.approx(values) if values and isinstance(values[0], float) else got[col] == values, \
+                (key, col)
