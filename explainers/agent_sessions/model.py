@@ -281,13 +281,9 @@ def page_data(p: AgentParams) -> dict:
     return {
         "animation": {"source": "turns", "frames": len(captions), "captions": captions},
         "sources": {
-            "turns": {"start": [t.start for t in turns], "seconds": [t.seconds for t in turns],
-                      "session": [str(t.session) for t in turns], "kind": [t.kind for t in turns],
-                      "prompt": [t.prompt for t in turns], "frame": frames},
+            **_turn_sources(turns, frames, r),
             "cliff": {"sessions": CLIFF_SESSIONS if cliff else [], "hit_rate": cliff},
             "here": {"sessions": [p.sessions] if cliff else [], "hit_rate": [r["hit_rate"]] if cliff else []},
-            "split": {"what": ["recompute", "reload", "new tokens"],
-                      "seconds": [r["recompute_seconds"], r["reload_seconds"], r["new_token_seconds"]]},
         },
         "ranges": {"turns_x": [0, 1.03 * max(t.start + t.seconds for t in turns)]},  # fixed while animating
         "formula": formula(p, r),
@@ -297,6 +293,17 @@ def page_data(p: AgentParams) -> dict:
             "give the sessions two turns or more."],
         "texts": {"trace": f"Workload: the synthetic sessions ({p.sessions} sessions × {p.turns} turns). Upload a "
                            f"Mooncake-format trace above to replay its requests instead."},
+    }
+
+
+def _turn_sources(turns, frames, r: dict) -> dict:
+    """The turns' dots and the time split: the same columns whether the turns are synthetic or a trace's."""
+    return {
+        "turns": {"start": [t.start for t in turns], "seconds": [t.seconds for t in turns],
+                  "session": [str(t.session) for t in turns], "kind": [t.kind for t in turns],
+                  "prompt": [t.prompt for t in turns], "frame": frames},
+        "split": {"what": ["recompute", "reload", "new tokens"],
+                  "seconds": [r["recompute_seconds"], r["reload_seconds"], r["new_token_seconds"]]},
     }
 
 
@@ -326,13 +333,9 @@ def page_data_trace(p: AgentParams) -> dict:
     return {
         "animation": {"source": "turns", "frames": len(captions), "captions": captions},
         "sources": {
-            "turns": {"start": [t.start for t in turns], "seconds": [t.seconds for t in turns],
-                      "session": [str(t.session) for t in turns], "kind": [t.kind for t in turns],
-                      "prompt": [t.prompt for t in turns], "frame": frames},
+            **_turn_sources(turns, frames, r),
             "cliff": {"sessions": [], "hit_rate": []},
             "here": {"sessions": [], "hit_rate": []},
-            "split": {"what": ["recompute", "reload", "new tokens"],
-                      "seconds": [r["recompute_seconds"], r["reload_seconds"], r["new_token_seconds"]]},
         },
         "ranges": {"turns_x": [0, 1.03 * max(t.start + t.seconds for t in turns)]},
         "formula": formula_trace(p, r),
