@@ -153,6 +153,30 @@ def rate_limit_logs(burst: int = 5, window_s: float = 60.0) -> RateLimitedLog:
     return limiter
 
 
+class BytesSent:
+    """ASGI wrapper that counts the bytes a server sends (status line, headers and bodies as sent, compressed
+    where they were): what a page load costs on the wire. The page benchmark and the browser tests count at the
+    server, so a load from the browser's cache counts 0 and nothing depends on how a browser reports its
+    workers' requests."""
+
+    def __init__(self, app):
+        self.app, self.total = app, 0
+
+    async def __call__(self, scope, receive, send):
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                self.total += 17 + sum(len(k) + len(v) + 4 for k, v in message.get("headers", []))
+            elif message["type"] == "http.response.body":
+                self.total += len(message.get("body", b""))
+            await send(message)
+        return await self.app(scope, receive, counted)
+
+    def take(self) -> int:
+        """The bytes counted since the last take."""
+        out, self.total = self.total, 0
+        return out
+
+
 def server_config(app, host: str = "127.0.0.1", port: int = 8000, header_timeout_s: float = HEADER_TIMEOUT_S,
                   max_connections: int | None = None, log_level: str = "warning") -> uvicorn.Config:
     """The uvicorn configuration `kvx serve` uses (tests and the attack benchmark use it too)."""

@@ -29,6 +29,7 @@ import uvicorn
 from playwright.sync_api import TimeoutError as PlaywrightTimeout, sync_playwright
 
 from kvx.compute.app import create_app
+from kvx.compute.serving import BytesSent as Wire      # bytes sent, counted at the server
 from kvx.compute.settings import Settings
 from kvx.explainers.registry import REGISTRY, page_json
 
@@ -60,28 +61,6 @@ def serve(site: Path):
 
 
 TIMEOUTS: list[dict] = []      # loads that never became ready: counted in the report, then retried once
-
-
-class Wire:
-    """Bytes the server sent (status lines, headers and bodies as sent, compressed where they were), for
-    every request of the page and its workers. Counted at the server, so a load from the browser's cache
-    counts 0 and nothing depends on how the browser reports its workers' requests."""
-
-    def __init__(self, app):
-        self.app, self.total = app, 0
-
-    async def __call__(self, scope, receive, send):
-        async def counted(message):
-            if message["type"] == "http.response.start":
-                self.total += 17 + sum(len(k) + len(v) + 4 for k, v in message.get("headers", []))
-            elif message["type"] == "http.response.body":
-                self.total += len(message.get("body", b""))
-            await send(message)
-        return await self.app(scope, receive, counted)
-
-    def take(self) -> int:
-        out, self.total = self.total, 0
-        return out
 
 
 def ready_ms(page, url: str, retry: bool = True) -> dict:

@@ -11,6 +11,7 @@ import pytest
 import uvicorn
 
 from kvx.compute.app import create_app
+from kvx.compute.serving import BytesSent
 from kvx.compute.settings import Settings
 from kvx.explainers.registry import REGISTRY
 
@@ -61,28 +62,12 @@ def test_snapshot_and_normal_boot_give_identical_values(offline_page, site_url, 
             assert got == pytest.approx(values) if values and isinstance(values[0], float) else got == values, (key, col)
 
 
-class Counted:
-    """Bytes the server sends (headers and bodies, as sent): what a load costs on the wire."""
-
-    def __init__(self, app):
-        self.app, self.total = app, 0
-
-    async def __call__(self, scope, receive, send):
-        async def counted(message):
-            if message["type"] == "http.response.start":
-                self.total += 17 + sum(len(k) + len(v) + 4 for k, v in message.get("headers", []))
-            elif message["type"] == "http.response.body":
-                self.total += len(message.get("body", b""))
-            await send(message)
-        return await self.app(scope, receive, counted)
-
-
 @pytest.fixture
 def counted_site(built_site):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    app = Counted(create_app(Settings(site_dir=built_site)))
+    app = BytesSent(create_app(Settings(site_dir=built_site)))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
