@@ -22,6 +22,7 @@ import heapq
 import itertools
 import math
 import random
+import typing
 import zlib
 
 from ..cache_renting.model import CacheRentingParams, evaluate as cache_renting
@@ -405,15 +406,21 @@ class Served:
         return self.end - self.arrival
 
 
-@dataclasses.dataclass(frozen=True)
-class Snapshot:
-    """One replica when a request has just been routed."""
-    cache: tuple        # (owner, blocks) pairs: what its prefix cache holds, by session (SHARED first)
+class Snapshot(typing.NamedTuple):
+    """One replica when a request has just been routed (a named tuple: up to 200 are taken per router and
+    replica in a run, and a frozen dataclass's __init__ cost a fifth of the run)."""
+    # owner -> blocks its prefix cache holds, zeros included: a plain copy, sorted only for the one frame drawn
+    # (`cache`), since up to 200 are kept per router and replica
+    tally: dict
     running: tuple      # request indices being prefilled (0 or 1)
     waiting: tuple      # request indices at the head of the queue (at most QUEUE_SHOWN), first to last
     queued: int         # requests waiting in all
-    load: float         # tokens of prefill queued
     size: int           # blocks cached
+
+    @property
+    def cache(self) -> tuple:
+        """(owner, blocks) pairs: what its prefix cache holds, by session (SHARED first)."""
+        return tuple(sorted((o, n) for o, n in self.tally.items() if n))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -429,12 +436,16 @@ class Run:
     scores: dict                 # request index -> the cache-aware scores (score, cached, queued) before routing
 
 
-def _snapshot(fleet: list[Replica], now: float) -> tuple:
-    return tuple(Snapshot(tuple(sorted((o, n) for o, n in r.tally.items() if n)),
-                          (r.running.request.index,) if r.running else (),
-                          tuple(j.request.index for j in itertools.islice(r.waiting, QUEUE_SHOWN)),
-                          len(r.waiting), r.load(now), r.tree.size)
-                 for r in fleet)
+def _snapshot(fleet: list[Replica], shown: list, changed: set) -> tuple:
+    """Every replica as it is now: a new Snapshot for those changed since the last one (`changed`, emptied
+    here), the same object for the rest (most replicas do not change between two arrivals)."""
+    for i in changed:
+        r = fleet[i]
+        shown[i] = Snapshot(dict(r.tally), (r.running.request.index,) if r.running else (),
+                            tuple(j.request.index for j in itertools.islice(r.waiting, QUEUE_SHOWN)),
+                            len(r.waiting), r.tree.size)
+    changed.clear()
+    return tuple(shown)
 
 
 def _count(tally: dict, owners: dict, sign: int, blocks) -> None:
@@ -455,8 +466,10 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
         heapq.heappush(heap, (q.arrival, 1, next(counter), q.index))
     served, events, queues, snaps, scores = [None] * len(w.requests), [], [], {}, {}
     peak = [0] * p.replicas
+    shown, changed = [None] * p.replicas, set(range(p.replicas))      # for _snapshot
 
     def start(r: Replica, now: float) -> None:
+        changed.add(r.index)
         job = r.waiting.popleft()
         r.queued -= job.estimate
         job.blocks, job.path = r.tree.match(job.request.blocks)
@@ -472,6 +485,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
         now, kind, _, x = heapq.heappop(heap)
         if kind == 0:                                   # replica x finished a prefill
             r = fleet[x]
+            changed.add(x)
             job, r.running = r.running, None
             held = r.tree.peek(job.request.blocks)
             stored = r.tree.insert(job.request.blocks)
@@ -499,6 +513,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
         else:
             r = fleet[router.choose(q, fleet, now, p, x)]
         r.routed += 1
+        changed.add(r.index)
         estimate = q.input_length - cached_tokens(r.expected_blocks(q.blocks), q, p.block_size)
         job = Job(q, estimate)
         r.waiting.append(job)
@@ -509,7 +524,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
             start(r, now)
         queues.append(max(len(f.waiting) + (f.running is not None) for f in fleet))
         if x in snapshot_at:
-            snaps[x] = _snapshot(fleet, now)
+            snaps[x] = _snapshot(fleet, shown, changed)
     return Run(router.key, tuple(served), tuple(events), tuple(f.busy for f in fleet), tuple(queues), snaps,
                tuple(peak), tuple(f.tree.evicted for f in fleet), scores)
 
