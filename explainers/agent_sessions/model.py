@@ -126,9 +126,9 @@ class Turn:
 
 
 @functools.lru_cache(maxsize=32)
-def simulate(p: AgentParams, sessions: int | None = None) -> tuple[Turn, ...]:
+def simulate(p: AgentParams) -> tuple[Turn, ...]:
     """Every turn of every session, in time order (events ordered by time, then a counter)."""
-    n = p.sessions if sessions is None else sessions
+    n = p.sessions
     rng = random.Random(p.seed)
     cap, bpt = capacity_tokens(p), bytes_per_token(p)
     bw = OFFLOAD[p.offload] * 1e9
@@ -275,7 +275,9 @@ def page_data(p: AgentParams) -> dict:
     r = evaluate(p)
     turns = simulate(p)
     # With one turn per session nobody returns, so no session count has a hit rate: the cliff stays empty.
-    cliff = [summary(simulate(p, None if n == p.sessions else n))["hit_rate"] for n in CLIFF_SESSIONS] \
+    # Each point is the run with that session count (and every other setting as it is): cached under those
+    # parameters, so changing the session count reruns one run, not thirteen.
+    cliff = [summary(simulate(dataclasses.replace(p, sessions=n)))["hit_rate"] for n in CLIFF_SESSIONS] \
         if p.turns > 1 else []
     frames, captions = _frames(turns)
     return {
@@ -407,12 +409,13 @@ def _frames(turns: tuple[Turn, ...]) -> tuple[list[int], list[str]]:
     """The turns appear in time order, a few per frame; each caption says what the latest turns cost."""
     per = max(1, -(-len(turns) // MAX_FRAMES))
     frames = [i // per for i in range(len(turns))]
-    captions = []
+    captions, kinds = [], [t.kind for t in turns]
+    hits = misses = 0
     for f in range(frames[-1] + 1 if turns else 0):
-        shown = turns[: (f + 1) * per]
-        last = shown[-1]
-        hits = sum(t.kind == "hit" for t in shown)
-        misses = sum(t.kind in ("reload", "recompute") for t in shown)
+        done = kinds[f * per:(f + 1) * per]            # the counts so far grow frame by frame: not a re-count
+        hits += done.count("hit")
+        misses += done.count("reload") + done.count("recompute")
+        last = turns[min(len(turns), (f + 1) * per) - 1]
         captions.append(f"t = {last.start:,.0f} s: session {last.session}, turn {last.turn + 1}, "
                         f"{thousands(last.prompt)} tokens, {last.kind}: {last.seconds:.2f} s to first token. "
                         f"So far {hits} hits and {misses} misses.")
