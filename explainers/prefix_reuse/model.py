@@ -148,6 +148,8 @@ def serve_like_sglang(tree: RadixTree, r: Req) -> Outcome:
 def history(p: PrefixParams, rules=serve) -> tuple[Outcome, ...]:
     if p.trace:
         return trace_history(p)
+    if rules is serve:                           # the held replay: drawing the last frame has served all but one
+        return tuple(_replay(p, len(requests(p)))[2])
     tree = RadixTree(p.capacity, p.policy)
     return tuple(rules(tree, r) for r in requests(p))
 
@@ -174,9 +176,31 @@ def seconds(p: PrefixParams, new: int, cached: int) -> float:
     return prefill_seconds(MODELS[p.model], GPUS[p.gpu], new, cached, mfu=p.mfu)
 
 
-# A trace's frames: one cache kept at the last frame drawn, so stepping or playing forward serves one request
-# a frame instead of replaying the trace from its start (a step back replays from the start).
+# One cache kept at the last frame drawn, so stepping or playing forward serves one request a frame instead of
+# replaying from the start (a step back replays from the start). Frames read it and never change it (a match
+# would split edges and change recency), so the page's last frame and the history share one replay.
 _held: dict = {}
+
+
+def _replay(p: PrefixParams, k: int) -> list:
+    """The synthetic requests before k served in order by the held tree: [k, tree, their outcomes]."""
+    key = ("synthetic", p)
+    held = _held.get(key)
+    if held is None or held[0] > k:
+        _held.clear()
+        held = _held[key] = [0, RadixTree(p.capacity, p.policy), []]
+    for r in requests(p)[held[0]:k]:
+        held[2].append(serve(held[1], r))
+    held[0] = k
+    return held
+
+
+def _outcome(p: PrefixParams, k: int) -> Outcome:
+    """Request k's outcome: from the held replay if it has served request k, else by serving up to it."""
+    if p.trace:
+        return history(p)[k]
+    held = _held.get(("synthetic", p))
+    return held[2][k] if held is not None and len(held[2]) > k else _replay(p, k + 1)[2][k]
 
 
 def tree_after(p: PrefixParams, k: int) -> RadixTree:
@@ -192,10 +216,7 @@ def tree_after(p: PrefixParams, k: int) -> RadixTree:
             held[1].serve(q.blocks, q.input_length)
         held[0] = k
         return held[1].tree
-    tree = RadixTree(p.capacity, p.policy)
-    for r in requests(p)[:k]:
-        serve(tree, r)
-    return tree
+    return _replay(p, k)[1]
 
 
 def evaluate(p: PrefixParams) -> dict:
@@ -269,14 +290,12 @@ def frame_data(p: PrefixParams, frame: int) -> dict:
     k = max(0, min(len(reqs) - 1, frame))
     tree = tree_after(p, k)
     r = reqs[k]
-    if p.trace:                                  # read only: the held tree goes on to the next frame
-        path, partial = _read_match(tree, r.prompt)
-    else:
-        path, partial = tree.match(r.prompt)[1], None
-    o = history(p)[k]
+    path, partial = _read_match(tree, r.prompt)  # read only: the held tree goes on to the next frame
+    drawn = icicle(tree, {id(n) for n in path}, unit=B if p.trace else 1, partial=partial)
+    o = _outcome(p, k)                           # may serve request k: after the tree is drawn
+    top = max(len(q.prompt) for q in reqs) if not p.trace else max(o.requested for o in history(p))
     return {
-        "sources": {"tree": icicle(tree, {id(n) for n in path}, unit=B if p.trace else 1, partial=partial),
-                    "cursor": {"request": [k], "top": [max(o.requested for o in history(p))]},
+        "sources": {"tree": drawn, "cursor": {"request": [k], "top": [top]},
                     "current": {"x0": [o.matched], "x1": [o.requested], "y": [-1.2],
                                 "label": [f"request {k} computes {thousands(o.computed)} new tokens"]}},
         "animation": {"mode": "on_demand", "frames": len(reqs), "frame": k,
@@ -309,6 +328,7 @@ def _read_match(tree: RadixTree, tokens: tuple) -> tuple[list, tuple | None]:
 
 
 def page_data(p: PrefixParams) -> dict:
+    at = frame_data(p, len(requests(p)) - 1)    # first: its replay then gives the history one request later
     h = history(p)
     r = evaluate(p)
     cum_with, cum_without, a, b = [], [], 0, 0
@@ -317,7 +337,6 @@ def page_data(p: PrefixParams) -> dict:
         b += o.requested
         cum_with.append(a)
         cum_without.append(b)
-    at = frame_data(p, len(h) - 1)
     return {
         **at,
         "sources": {**at["sources"],
