@@ -55,10 +55,13 @@ def _html(model, roots: dict, texts: dict) -> str:
     name = text_name(model)
     if name is not None:
         # The baked text is written in at build time, so the page reads right before any script runs.
-        return (f'<div class="kvx-text {_flex(model)}" data-kvx-text="{html.escape(name)}" '
+        # An id (html_id) lets another element point at the text: a plot's summary (widgets.plot_summaries).
+        ident = f' id="{html.escape(model.html_id)}"' if model.html_id else ""
+        return (f'<div class="kvx-text {_flex(model)}"{ident} data-kvx-text="{html.escape(name)}" '
                 f'style="{_style(model)}">{texts.get(name, model.text)}</div>')
     if isinstance(model, (Row, Column)) and holds_text(model):
         kind = "kvx-row" if isinstance(model, Row) else "kvx-col"
+        kind += "".join(f" {html.escape(c)}" for c in model.css_classes)     # e.g. kvx-plots-row: wraps
         gap = f"gap:{model.spacing}px;" if model.spacing else ""
         inner = "".join(_html(child, roots, texts) for child in model.children)
         return f'<div class="{kind} {_flex(model)}" style="{_style(model, gap)}">{inner}</div>'

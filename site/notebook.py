@@ -19,6 +19,7 @@ import panel as pn
 
 from kvx.explainers.core.params import ParamError
 from kvx.explainers.registry import get, page_json, params_from
+from kvx.site import widgets
 
 _extension_loaded = False
 FRAME_MS = 350                     # one animation frame at 1x, as on the page
@@ -64,7 +65,8 @@ class NotebookExplainer:
         self.values = {k: "" if v is None else str(v) for k, v in start.as_dict().items()}
         self.data = self._ask(dict(self.values))["data"]
         view = importlib.import_module(f"kvx.explainers.{slug.replace('-', '_')}.view")
-        self.layout = view.layout(self.explainer.params, start.as_dict(), self.data)
+        # Each plot's summary under it, as on the page (the model's texts "summary:<key>" fill them).
+        self.layout = widgets.plot_summaries(view.layout(self.explainer.params, start.as_dict(), self.data))
         self.models = {m.name: m for m in self.layout.references() if getattr(m, "name", None)}
         self.frame = 0
         self.timer = None

@@ -147,15 +147,46 @@ PLOTS_ROW_CSS = ":host { flex-wrap: wrap !important; row-gap: 8px; } * { min-wid
 
 
 def plots_row(*children):
-    """Plots (or columns) side by side that wrap onto their own lines on a narrow screen."""
-    return row(*children, sizing_mode="stretch_width", stylesheets=[InlineStyleSheet(css=PLOTS_ROW_CSS)])
+    """Plots (or columns) side by side that wrap onto their own lines on a narrow screen (as an HTML row,
+    site/dom_layout.py, the class kvx-plots-row does the same)."""
+    return row(*children, sizing_mode="stretch_width", stylesheets=[InlineStyleSheet(css=PLOTS_ROW_CSS)],
+               css_classes=["kvx-plots-row"])
+
+
+def plot_summaries(layout):
+    """Each plot named `plot:<key>` gets its summary right under it: the model's sentence
+    (data["texts"]["summary:<key>"], explainers/core/summaries.py) in a modest caption, which the plot's
+    aria-describedby points at, so a screen reader reads it with the plot. Runs once per layout."""
+    from bokeh.models import Column, Plot, Row
+    from kvx.explainers.core.summaries import text_name
+
+    def caption(plot):
+        key = plot.name[len("plot:"):]
+        plot.html_attributes = {**plot.html_attributes, "aria-describedby": f"kvx-summary-{key}"}
+        note = Div(text="", name=f"text:{text_name(key)}", html_id=f"kvx-summary-{key}", sizing_mode="stretch_width",
+                   styles={"font-size": "15px", "color": "#374151"})
+        return column(plot, note, sizing_mode="stretch_width", spacing=0)
+
+    def walk(box):
+        kids = list(box.children)
+        for i, child in enumerate(kids):
+            if isinstance(child, Plot) and (child.name or "").startswith("plot:") \
+                    and "aria-describedby" not in child.html_attributes:
+                kids[i] = caption(child)
+            elif isinstance(child, (Row, Column)):
+                walk(child)
+        box.children = kids
+    walk(layout)
+    return layout
 
 
 def calm_plots(layout):
     """No plot pans or zooms on its own: a swipe over a plot scrolls the page (on a phone, a drag on a
     plot used to pan it away for good, with the toolbar hidden and no reset). Hover stays. Each plot is
-    also named for assistive technology by its title, so it is not an unnamed tab stop."""
+    also named for assistive technology by its title, so it is not an unnamed tab stop, and described by
+    the model's summary under it (plot_summaries)."""
     from bokeh.models import Plot
+    plot_summaries(layout)
     for plot in layout.select({"type": Plot}):
         plot.toolbar.active_drag = None
         plot.toolbar.active_scroll = None

@@ -15,6 +15,7 @@ from ..core.gpus import GPUS
 from ..core.models import MODELS
 from ..core.limits import check_pipeline_parallel, check_tensor_parallel, check_weights_fit
 from ..core.params import ParamError, Params, choice, integer, number
+from ..core.summaries import summaries
 from ..core.units import GB, GiB, bytes_both, bytes_iec, bytes_si, thousands, tokens
 
 DTYPES = tuple(DTYPE_BITS)
@@ -248,20 +249,44 @@ def page_data(p: CacheRentingParams) -> dict:
         limits["x"].append(picture["kv_end_gb"])
         limits["label"].append(f"KV set to {p.kv_memory_gb:g} GB")
     x_end = max([total_gb, picture["kv_end_gb"]] + picture["rows"]["right"]) * 1.02
+    sources = {
+        "memory": picture["rows"],
+        "limits": limits,
+        "curve": curve,
+        "point": {"context": [p.context], "sessions": [r["max_sessions"]],
+                  "text": [f"{thousands(r['max_sessions'])} at {tokens(p.context)} tokens"]},
+    }
     return {
-        "sources": {
-            "memory": picture["rows"],
-            "limits": limits,
-            "curve": curve,
-            "point": {"context": [p.context], "sessions": [r["max_sessions"]],
-                      "text": [f"{thousands(r['max_sessions'])} at {tokens(p.context)} tokens"]},
-        },
+        "sources": sources,
+        "texts": plot_summaries(sources),
         "animation": {"source": "memory", "frames": len(picture["captions"]), "captions": picture["captions"]},
         "ranges": {"memory_x": [0, x_end]},
         "formula": formula(p, r),
         "readouts": readouts(p, r),
         "notes": notes(p),
     }
+
+
+def plot_summaries(sources: dict) -> dict:
+    """Each plot in words, from the columns it draws (the memory picture as it stands at the last frame)."""
+    rows, point, curve = sources["memory"], sources["point"], sources["curve"]
+
+    def span(kind):
+        return sum(r - l for l, r, k in zip(rows["left"], rows["right"], rows["kind"]) if k == kind) * GB
+
+    n, context = point["sessions"][0], point["context"][0]
+    memory = (f"The node's memory is {bytes_si(sources['limits']['x'][0] * GB)} "
+              f"({sources['limits']['label'][0]}): the weights take {bytes_si(span('weights'))} and the "
+              f"workspace {bytes_si(span('reserve'))}; ")
+    memory += (f"{thousands(n)} sessions of {tokens(context)} tokens fill {bytes_si(span('session'))}, "
+               f"and one more ({bytes_si(span('rejected'))}) does not fit." if n else
+               f"no session of {tokens(context)} tokens ({bytes_si(span('rejected'))}) fits.")
+    c, s = curve["context"], curve["sessions"]
+    sessions = (f"Sessions that fit fall from {thousands(s[0])} at {tokens(c[0])} tokens of context to "
+                f"{thousands(s[-1])} at {tokens(c[-1])} tokens; at {tokens(context)} tokens, {thousands(n)} fit."
+                if s[0] else f"No session fits at any context from {tokens(c[0])} to {tokens(c[-1])} tokens: "
+                f"the weights and workspace leave no memory for the cache.")
+    return summaries(memory=memory, curve=sessions)
 
 
 def notes(p: CacheRentingParams) -> list[str]:

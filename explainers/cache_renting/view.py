@@ -17,7 +17,7 @@ def layout(params_cls, values: dict, data: dict):
     x_start, x_end = data["ranges"]["memory_x"]
 
     memory = figure(height=240, sizing_mode="stretch_width", x_range=Range1d(x_start, x_end, name="range:memory_x"),
-                    y_range=(0, 1.45), toolbar_location=None, title="The node's memory, filling up",
+                    y_range=(0, 1.45), toolbar_location=None, title="The node's memory, filling up", name="plot:memory",
                     x_axis_label="GB (decimal) from the start of the node's memory")
     memory.quad(left="left", right="right", bottom=0, top=1, source=src["memory"], line_color="white",
                 line_width=0.5, fill_color=factor_cmap("kind", COLORS, KINDS), legend_field="kind")
@@ -33,7 +33,7 @@ def layout(params_cls, values: dict, data: dict):
     memory.add_tools(HoverTool(tooltips=[("", "@label")]))
 
     curve = figure(height=330, sizing_mode="stretch_width", x_axis_type="log", y_axis_type="log",
-                   toolbar_location=None, title="Most sessions that fit, against context length",
+                   toolbar_location=None, title="Most sessions that fit, against context length", name="plot:curve",
                    x_axis_label="context per session (tokens, log scale)",
                    y_axis_label="concurrent sessions (log scale)")
     curve.line("context", "sessions", source=src["curve"], line_width=3, color=COLORS[2])
