@@ -22,6 +22,7 @@ from ..core.limits import check_context, check_weights_fit
 from ..core.models import MODELS
 from ..core.params import ParamError, Params, choice, integer, number
 from ..core.radix import EVICTION_POLICIES, RadixTree
+from ..core.summaries import pct, summaries
 from ..core.timing import prefill_formula, prefill_seconds
 from ..core.units import thousands
 
@@ -294,18 +295,45 @@ def frame_data(p: PrefixParams, frame: int) -> dict:
     drawn = icicle(tree, {id(n) for n in path}, unit=B if p.trace else 1, partial=partial)
     o = _outcome(p, k)                           # may serve request k: after the tree is drawn
     top = max(len(q.prompt) for q in reqs) if not p.trace else max(o.requested for o in history(p))
+    sources = {"tree": drawn, "cursor": {"request": [k], "top": [top]},
+               "current": {"x0": [o.matched], "x1": [o.requested], "y": [-1.2],
+                           "label": [f"request {k} computes {thousands(o.computed)} new tokens"]}}
     return {
-        "sources": {"tree": drawn, "cursor": {"request": [k], "top": [top]},
-                    "current": {"x0": [o.matched], "x1": [o.requested], "y": [-1.2],
-                                "label": [f"request {k} computes {thousands(o.computed)} new tokens"]}},
+        "sources": sources,
         "animation": {"mode": "on_demand", "frames": len(reqs), "frame": k,
                       "caption": f"Request {k}: {'session' if p.trace else 'user'} {r.user}, turn {r.turn + 1}. Its prompt is "
                                  f"{thousands(o.requested)} tokens; {thousands(o.matched)} are already cached "
                                  f"(highlighted) and {thousands(o.computed)} are computed, saving "
                                  f"{_ms(seconds(p, o.requested, 0) - seconds(p, o.computed, o.matched))} "
                                  f"of prefill."},
-        "texts": {},
+        "texts": summaries(tree=tree_summary(sources)),
     }
+
+
+def tree_summary(sources: dict) -> str:
+    """The tree plot in words, from its bars and the current request's line."""
+    t, cur = sources["tree"], sources["current"]
+    k, matched, prompt = sources["cursor"]["request"][0], cur["x0"][0], cur["x1"][0]
+    lit = sum(n for n, s in zip(t["tokens"], t["state"]) if s == "matched now")
+    return (f"When request {k} arrives the tree holds {thousands(sum(t['tokens']))} cached tokens in "
+            f"{thousands(len(t['tokens']))} runs; its prompt of {thousands(prompt)} tokens finds "
+            f"{thousands(matched)} of them cached ({thousands(lit)} highlighted) and computes "
+            f"{thousands(prompt - matched)} new.")
+
+
+def plot_summaries(sources: dict) -> dict:
+    """The whole run's plots in words, from the columns they draw."""
+    per, cum = sources["per_request"], sources["cumulative"]
+    reused, computed = sum(per["matched"]), sum(per["computed"])
+    total = reused + computed
+    n = len(per["request"])
+    each = (f"Of {thousands(n)} requests' {thousands(total)} prompt tokens, {thousands(reused)} "
+            f"({pct(reused / total if total else 0)}) were reused from the cache and {thousands(computed)} computed; "
+            f"the most any one request reused was {thousands(max(per['matched']))}.")
+    with_, without = cum["with_cache"][-1], cum["without_cache"][-1]
+    so_far = (f"By the last request prefill has computed {thousands(with_)} tokens with prefix caching "
+              f"against {thousands(without)} without, {pct(1 - with_ / without if without else 0)} fewer.")
+    return summaries(per=each, cum=so_far)
 
 
 def _read_match(tree: RadixTree, tokens: tuple) -> tuple[list, tuple | None]:
@@ -337,18 +365,19 @@ def page_data(p: PrefixParams) -> dict:
         b += o.requested
         cum_with.append(a)
         cum_without.append(b)
+    sources = {**at["sources"],
+               "per_request": {"request": list(range(len(h))), "matched": [o.matched for o in h],
+                               "computed": [o.computed for o in h]},
+               "cumulative": {"request": list(range(len(h))), "with_cache": cum_with,
+                              "without_cache": cum_without}}
     return {
         **at,
-        "sources": {**at["sources"],
-                    "per_request": {"request": list(range(len(h))), "matched": [o.matched for o in h],
-                                    "computed": [o.computed for o in h]},
-                    "cumulative": {"request": list(range(len(h))), "with_cache": cum_with,
-                                   "without_cache": cum_without}},
+        "sources": sources,
         "ranges": {},
         "formula": formula(p, r) if not p.trace else formula_trace(p, r),
         "readouts": readouts(p, r) if not p.trace else readouts_trace(p, r),
         "notes": [] if not p.trace else notes_trace(p, r),
-        "texts": {"trace": trace_text(p, r)},
+        "texts": {**at["texts"], **plot_summaries(sources), "trace": trace_text(p, r)},
     }
 
 

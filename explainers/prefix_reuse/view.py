@@ -13,7 +13,7 @@ from kvx.site import widgets
 def layout(params_cls, values: dict, data: dict):
     src = widgets.sources(data)
     hits = LinearColorMapper(palette=Viridis256[::-1][40:], low=0, high=max(8, values["users"] * values["turns"]))
-    tree = figure(height=380, sizing_mode="stretch_width", toolbar_location=None, y_axis_location=None,
+    tree = figure(height=380, sizing_mode="stretch_width", toolbar_location=None, y_axis_location=None, name="plot:tree",
                   title="The radix tree: each bar a run of cached tokens, coloured by how many requests stored it",
                   x_axis_label="token position from the start of the prompt")
     tree.quad(left="x0", right="x1", bottom="y0", top="y1", source=src["tree"], line_color="white",
@@ -25,14 +25,14 @@ def layout(params_cls, values: dict, data: dict):
     tree.add_layout(ColorBar(color_mapper=hits, title="requests that stored it", width=10), "right")
     tree.add_tools(HoverTool(tooltips=[("tokens", "@tokens"), ("stored by", "@hits requests (the first, then every reuse)"), ("", "@state")]))
 
-    per = figure(height=280, sizing_mode="stretch_width", toolbar_location=None,
+    per = figure(height=280, sizing_mode="stretch_width", toolbar_location=None, name="plot:per",
                  title="Each request's prompt: reused from the cache, and computed", x_axis_label="request")
     per.vbar_stack(["matched", "computed"], x="request", width=0.8, color=["#059669", "#dc2626"],
                    source=src["per_request"], legend_label=["reused", "computed"])
     per.segment(x0="request", x1="request", y0=0, y1="top", source=src["cursor"], color="#111827", line_width=2,
                 line_dash="dotted")
     per.legend.location = "top_left"
-    cum = figure(height=280, sizing_mode="stretch_width", toolbar_location=None,
+    cum = figure(height=280, sizing_mode="stretch_width", toolbar_location=None, name="plot:cum",
                  title="Prefill tokens computed so far", x_axis_label="request")
     cum.line("request", "without_cache", source=src["cumulative"], line_width=3, color="#6b7280",
              legend_label="without prefix caching")

@@ -14,6 +14,7 @@ from ..core.gpus import GPUS
 from ..core.limits import gpus_needed
 from ..core.models import MODELS
 from ..core.params import Params, choice, integer, number
+from ..core.summaries import listing, sig, summaries
 from ..core.timing import decode_step, decode_weights_formula, weight_params_read
 from ..core.units import bytes_si, thousands, tokens
 
@@ -100,8 +101,7 @@ def page_data(p: QuantizationParams) -> dict:
     curve = {name: [step(m, gpu, w, kv, c, p.batch, *eff)["tokens_per_s_per_user"] for c in CURVE_CONTEXTS]
              for name, (w, kv) in variants(p).items()}
     batches = sorted(set(CURVE_BATCHES + [p.batch]))
-    return {
-        "sources": {
+    sources = {
             "bytes": {"variant": names, "weights_gb": [s["weight_bytes"] / 1e9 for s in steps.values()],
                       "cache_gb": [s["kv_bytes"] / 1e9 for s in steps.values()],
                       "total_gb": [s["bytes"] / 1e9 for s in steps.values()],
@@ -117,7 +117,10 @@ def page_data(p: QuantizationParams) -> dict:
                           "context": [crossover_context(m, p.weight_dtype, p.kv_dtype, b) for b in batches]},
             "here": {"batch": [p.batch], "context": [p.context],
                      "text": [f"you: cache is {r['cache_share']:.0%} of the bytes"]},
-        },
+    }
+    return {
+        "sources": sources,
+        "texts": plot_summaries(sources),
         "ranges": {},
         "formula": formula(p, r, ridge),
         "readouts": readouts(p, r),
@@ -125,6 +128,35 @@ def page_data(p: QuantizationParams) -> dict:
         "variants": names,
         "run": {"kernel": "decode", "request": run_request(p)},
     }
+
+
+def plot_summaries(sources: dict) -> dict:
+    """Each plot in words, from the columns it draws."""
+    b, pts, roof = sources["bytes"], sources["points"], sources["roofline"]
+    reads = listing([f"{bytes_si(gb * 1e9, 2)} {name} ({sig(ms)} ms)"
+                     for name, gb, ms in zip(b["variant"], b["total_gb"], b["ms"])])
+    bytes_text = (f"A decode step reads {reads}; the cache is {bytes_si(b['cache_gb'][0] * 1e9, 2)} of the step "
+                  f"with neither quantized.")
+    peak, slope = max(roof["tflops"]), roof["tflops"][0] / roof["intensity"][0]
+    ridge = peak / slope
+    under = sum(x < ridge for x in pts["intensity"])
+    roof_text = (f"This GPU's roof rises with bandwidth to a peak of {sig(peak)} TFLOP/s at {sig(ridge)} FLOP per "
+                 f"byte; the four variants sit at {sig(min(pts['intensity']))} to {sig(max(pts['intensity']))} FLOP "
+                 f"per byte and attain {sig(min(pts['tflops']))} to {sig(max(pts['tflops']))} TFLOP/s, "
+                 + ("all memory-bound." if under == len(pts["intensity"]) else
+                    "all compute-bound." if not under else f"{under} of them memory-bound."))
+    sp = sources["speed"]
+    ends = [(name, sp[f"v{i}"][0], sp[f"v{i}"][-1]) for i, name in enumerate(b["variant"])]
+    speed_text = (f"Tokens per second per user from {thousands(sp['context'][0])} to {thousands(sp['context'][-1])} "
+                  f"tokens of context: " + listing([f"{name} {sig(a)} to {sig(z)}" for name, a, z in ends]) + ".")
+    cross, here = sources["crossover"], sources["here"]
+    at = cross["context"][cross["batch"].index(here["batch"][0])]
+    cross_text = (f"The cache outweighs the weights above {thousands(cross['context'][0])} tokens of context at a batch "
+                  f"of {thousands(cross['batch'][0])}, and above {thousands(cross['context'][-1])} at "
+                  f"{thousands(cross['batch'][-1])}; your batch of {thousands(here['batch'][0])} at "
+                  f"{thousands(here['context'][0])} tokens is {'above' if here['context'][0] > at else 'below'} the "
+                  f"line ({thousands(at)}).")
+    return summaries(bytes=bytes_text, roof=roof_text, speed=speed_text, cross=cross_text)
 
 
 RUN_CAP_BYTES = 512e6           # the server reads at most this much per "run it here", scaled down evenly

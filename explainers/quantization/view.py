@@ -17,7 +17,7 @@ def layout(params_cls, values: dict, data: dict):
 
     bytes_fig = figure(height=280, sizing_mode="stretch_width", y_range=FactorRange(*reversed(names)),
                        x_range=DataRange1d(start=0, range_padding=1.4, range_padding_units="percent"),
-                       toolbar_location=None, title="Bytes one decode step reads (weights, then cache)",
+                       toolbar_location=None, title="Bytes one decode step reads (weights, then cache)", name="plot:bytes",
                        x_axis_label="GB per step (decimal)")
     bytes_fig.hbar_stack(["weights_gb", "cache_gb"], y="variant", height=0.6, color=[COLORS[0], COLORS[1]],
                          source=src["bytes"], legend_label=["weights", "KV cache"])
@@ -28,7 +28,7 @@ def layout(params_cls, values: dict, data: dict):
                                             ("cache", "@cache_gb{0.000} GB"), ("step", "@ms{0.000} ms")]))
 
     roof = figure(height=330, sizing_mode="stretch_width", x_axis_type="log", y_axis_type="log",
-                  toolbar_location=None, title="Roofline: where each variant's decode step sits",
+                  toolbar_location=None, title="Roofline: where each variant's decode step sits", name="plot:roof",
                   x_axis_label="arithmetic intensity (FLOP per byte read)", y_axis_label="attained TFLOP/s")
     roof.line("intensity", "tflops", source=src["roofline"], line_width=3, color="#111827")
     roof.scatter("intensity", "tflops", source=src["points"], size=13, color="#dc2626", alpha=0.8)
@@ -36,7 +36,7 @@ def layout(params_cls, values: dict, data: dict):
                                        ("attained", "@tflops{0.0} TFLOP/s")]))
 
     speed = figure(height=330, sizing_mode="stretch_width", x_axis_type="log", y_axis_type="log",
-                   toolbar_location=None, title="Tokens per second per user, against context",
+                   toolbar_location=None, title="Tokens per second per user, against context", name="plot:speed",
                    x_axis_label="context per sequence (tokens, log scale)", y_axis_label="tokens/s per user (log)")
     for i, name in enumerate(names):
         speed.line("context", f"v{i}", source=src["speed"], line_width=3, color=COLORS[i], legend_label=name)
@@ -45,7 +45,7 @@ def layout(params_cls, values: dict, data: dict):
     speed.xaxis.formatter = NumeralTickFormatter(format="0a")
 
     cross = figure(height=330, sizing_mode="stretch_width", x_axis_type="log", y_axis_type="log",
-                   toolbar_location=None, title="Where the cache outweighs the weights",
+                   toolbar_location=None, title="Where the cache outweighs the weights", name="plot:cross",
                    x_axis_label="batch (sequences, log scale)", y_axis_label="context (tokens, log scale)")
     cross.line("batch", "context", source=src["crossover"], line_width=3, color=COLORS[1],
                legend_label="cache bytes = weight bytes")
