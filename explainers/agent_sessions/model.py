@@ -24,6 +24,7 @@ from ..core.gpus import GPUS
 from ..core.models import MODELS
 from ..core.limits import check_weights_fit
 from ..core.params import ParamError, Params, choice, integer, number
+from ..core.summaries import listing, pct, sig, summaries
 from ..core.timing import prefill_formula, prefill_seconds
 from ..core.units import bytes_si, thousands
 
@@ -280,22 +281,49 @@ def page_data(p: AgentParams) -> dict:
     cliff = [summary(simulate(dataclasses.replace(p, sessions=n)))["hit_rate"] for n in CLIFF_SESSIONS] \
         if p.turns > 1 else []
     frames, captions = _frames(turns)
+    sources = {
+        **_turn_sources(turns, frames, r),
+        "cliff": {"sessions": CLIFF_SESSIONS if cliff else [], "hit_rate": cliff},
+        "here": {"sessions": [p.sessions] if cliff else [], "hit_rate": [r["hit_rate"]] if cliff else []},
+    }
     return {
         "animation": {"source": "turns", "frames": len(captions), "captions": captions},
-        "sources": {
-            **_turn_sources(turns, frames, r),
-            "cliff": {"sessions": CLIFF_SESSIONS if cliff else [], "hit_rate": cliff},
-            "here": {"sessions": [p.sessions] if cliff else [], "hit_rate": [r["hit_rate"]] if cliff else []},
-        },
+        "sources": sources,
         "ranges": {"turns_x": [0, 1.03 * max(t.start + t.seconds for t in turns)]},  # fixed while animating
         "formula": formula(p, r),
         "readouts": readouts(p, r),
         "notes": [] if r["hit_rate"] is not None else [
             "With one turn per session no session comes back, so there is no history to find and no hit rate: "
             "give the sessions two turns or more."],
-        "texts": {"trace": f"Workload: the synthetic sessions ({p.sessions} sessions × {p.turns} turns). Upload a "
+        "texts": {**plot_summaries(sources),
+                  "trace": f"Workload: the synthetic sessions ({p.sessions} sessions × {p.turns} turns). Upload a "
                            f"Mooncake-format trace above to replay its requests instead."},
     }
+
+
+def plot_summaries(sources: dict) -> dict:
+    """Each plot in words, from the columns it draws (the turns as they stand at the last frame)."""
+    t = sources["turns"]
+    counts = {k: t["kind"].count(k) for k in ("first turn", "hit", "reload", "recompute")}
+    names = {"first turn": "first turns", "hit": "hits (history still cached)", "reload": "reloads",
+             "recompute": "recomputes"}
+    end = max((a + b for a, b in zip(t["start"], t["seconds"])), default=0.0)
+    turns = (f"Of {thousands(len(t['kind']))} turns over {sig(end)} s, "
+             + listing([f"{thousands(n)} {names[k]}" for k, n in counts.items() if n])
+             + f"; time to first token ranges from {sig(min(t['seconds'], default=0))} s to "
+               f"{sig(max(t['seconds'], default=0))} s.")
+    c, here = sources["cliff"], sources["here"]
+    if c["sessions"]:
+        cliff = (f"The hit rate is {pct(c['hit_rate'][0])} with {c['sessions'][0]} session and "
+                 f"{pct(c['hit_rate'][-1])} with {c['sessions'][-1]}; at your {here['sessions'][0]} sessions it is "
+                 f"{pct(here['hit_rate'][0])}.")
+    else:
+        cliff = ("The cliff is empty: it is drawn only for synthetic sessions of two turns or more, "
+                 "where sessions come back to their history.")
+    sp = dict(zip(sources["split"]["what"], sources["split"]["seconds"]))
+    split = (f"Over the run the GPU spends {sig(sp['recompute'])} s recomputing evicted history, "
+             f"{sig(sp['reload'])} s reloading it from the offload tier and {sig(sp['new tokens'])} s on new tokens.")
+    return summaries(turns=turns, cliff=cliff, split=split)
 
 
 def _turn_sources(turns, frames, r: dict) -> dict:
@@ -332,18 +360,20 @@ def page_data_trace(p: AgentParams) -> dict:
         notes.append(f"{r['requests_over_context']:,} of the trace's prompts are longer than {MODELS[p.model].title}'s "
                      f"{MODELS[p.model].max_context:,}-token context; they are replayed anyway, priced by the same "
                      f"time model.")
+    sources = {
+        **_turn_sources(turns, frames, r),
+        "cliff": {"sessions": [], "hit_rate": []},
+        "here": {"sessions": [], "hit_rate": []},
+    }
     return {
         "animation": {"source": "turns", "frames": len(captions), "captions": captions},
-        "sources": {
-            **_turn_sources(turns, frames, r),
-            "cliff": {"sessions": [], "hit_rate": []},
-            "here": {"sessions": [], "hit_rate": []},
-        },
+        "sources": sources,
         "ranges": {"turns_x": [0, 1.03 * max(t.start + t.seconds for t in turns)]},
         "formula": formula_trace(p, r),
         "readouts": readouts_trace(p, r),
         "notes": notes,
-        "texts": {"trace": f"Workload: your trace, {r['requests']:,} requests ({thousands(r['prompt_tokens'])} "
+        "texts": {**plot_summaries(sources),
+                  "trace": f"Workload: your trace, {r['requests']:,} requests ({thousands(r['prompt_tokens'])} "
                            f"prompt tokens over {turns[-1].start - turns[0].start:,.1f} s, {r['sessions']:,} "
                            f"sessions inferred from prefix chains). The sessions, turns, initial, growth, output, "
                            f"pause and seed controls do not apply to it, the cliff is drawn only for the synthetic "

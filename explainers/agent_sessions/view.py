@@ -17,7 +17,7 @@ MARKERS = ["square", "circle", "triangle", "x"]
 def layout(params_cls, values: dict, data: dict):
     src = widgets.sources(data)
     start, end = data["ranges"]["turns_x"]
-    turns = figure(height=330, sizing_mode="stretch_width", toolbar_location=None,
+    turns = figure(height=330, sizing_mode="stretch_width", toolbar_location=None, name="plot:turns",
                    x_range=Range1d(start, end, name="range:turns_x"),
                    title="Every turn's time to first token: green circles when the history was still cached",
                    x_axis_label="time (s)", y_axis_label="seconds of prefill")
@@ -29,7 +29,7 @@ def layout(params_cls, values: dict, data: dict):
     turns.legend.location = "top_left"
     turns.legend.orientation = "horizontal"
 
-    cliff = figure(height=300, sizing_mode="stretch_width", toolbar_location=None, y_range=(0, 1.05),
+    cliff = figure(height=300, sizing_mode="stretch_width", toolbar_location=None, y_range=(0, 1.05), name="plot:cliff",
                    title="The cliff: hit rate against the number of sessions", x_axis_label="sessions",
                    y_axis_label="history found in GPU memory")
     cliff.line("sessions", "hit_rate", source=src["cliff"], line_width=3, color="#2563eb")
@@ -39,7 +39,7 @@ def layout(params_cls, values: dict, data: dict):
 
     split = figure(height=300, sizing_mode="stretch_width", toolbar_location=None, x_range=["recompute", "reload",
                                                                                            "new tokens"],
-                   title="GPU seconds over the run", y_axis_label="seconds")
+                   title="GPU seconds over the run", y_axis_label="seconds", name="plot:split")
     split.vbar(x="what", top="seconds", source=src["split"], width=0.6,
                color=factor_cmap("what", ["#dc2626", "#d97706", "#059669"], ["recompute", "reload", "new tokens"]),
                hatch_pattern=factor_hatch("what", ["x", "/", " "], ["recompute", "reload", "new tokens"]),
