@@ -27,6 +27,7 @@ import dataclasses
 import heapq
 import itertools
 import math
+import operator
 import random
 
 from ..core.params import ParamError, Params, choice, integer
@@ -147,6 +148,11 @@ class ReserveAllocator:
     def reserved(self) -> int:
         return self.used
 
+    def clone(self) -> "ReserveAllocator":
+        c = ReserveAllocator.__new__(ReserveAllocator)
+        c.p, c.chunks, c.used = self.p, dict(self.chunks), self.used
+        return c
+
 
 class PagedAllocator:
     """Fixed-size blocks from a first-in, first-out free list; a block table per request, filled as tokens arrive.
@@ -251,6 +257,17 @@ class PagedAllocator:
     def reserved(self) -> int:
         return self.used
 
+    def clone(self) -> "PagedAllocator":
+        """An independent copy; the free list keeps only its unread part, renumbered from the same entries."""
+        c = PagedAllocator.__new__(PagedAllocator)
+        c.p, c.bs, c.blocks, c.nfree, c.used = self.p, self.bs, self.blocks, self.nfree, self.used
+        c.caching, c.guarantee = self.caching, self.guarantee
+        c.queue, c.base, c.head = self.queue[self.head:], self.base + self.head, 0
+        c.gone = list(self.gone)
+        c.tables = {rid: list(t) for rid, t in self.tables.items()}
+        c.cached = dict(self.cached)                 # its lists are never changed, only replaced
+        return c
+
 
 # ---- the simulation ------------------------------------------------------------------------------------
 COLUMNS = ("stored", "in_use", "running", "waiting", "done", "short", "preemptions", "recomputed", "refound",
@@ -279,10 +296,27 @@ class Simulation:
         self.short = False                              # this step, memory kept a request out or from growing
         self.now = -1
         self.cols = {c: [] for c in COLUMNS} if record else None
+        # The columns constant between events, in the order _record writes them.
+        self._flat = [self.cols[c] for c in COLUMNS[2:]] if record else None
 
     @property
     def finished(self) -> bool:
         return self.done == len(self.reqs)
+
+    def clone(self) -> "Simulation":
+        """An independent copy that records nothing: a checkpoint to resume from (see `run`).
+
+        Field by field, not copy.copy: reading an object's __dict__ (as copy.copy does) makes CPython 3.11+
+        keep its attributes in a real dict from then on, and the run being copied went 40% slower."""
+        c = Simulation.__new__(Simulation)
+        c.p, c.kind, c.reqs, c.alloc = self.p, self.kind, self.reqs, self.alloc.clone()
+        c.pending, c.waiting = collections.deque(self.pending), collections.deque(self.waiting)
+        c.running, c.generated, c.written = list(self.running), list(self.generated), list(self.written)
+        c.stored_total, c.done, c.short, c.now = self.stored_total, self.done, self.short, self.now
+        c.preemptions, c.recomputed, c.refound, c.swapped = (self.preemptions, self.recomputed, self.refound,
+                                                             self.swapped)
+        c.cols = c._flat = None
+        return c
 
     def stored(self, r: Request) -> int:
         return self.written[r.id]
@@ -384,10 +418,14 @@ class Simulation:
                 c["in_use"].extend(itertools.accumulate((g * bs for g in grown),
                                                         initial=self.alloc.used - sum(grown) * bs))
                 c["in_use"].pop(-steps - 1)             # accumulate's initial value is the step before
-        for name, value in (("running", n), ("waiting", len(self.waiting)), ("done", self.done),
-                            ("short", self.short), ("preemptions", self.preemptions),
-                            ("recomputed", self.recomputed), ("refound", self.refound), ("swapped", self.swapped)):
-            c[name].extend([value] * steps)
+        values = (n, len(self.waiting), self.done, self.short, self.preemptions, self.recomputed, self.refound,
+                  self.swapped)
+        if steps == 1:
+            for col, value in zip(self._flat, values):
+                col.append(value)
+        else:
+            for col, value in zip(self._flat, values):
+                col.extend([value] * steps)
 
     # -- many steps at once, where nothing happens but decoding
     def plain_steps(self, limit: int) -> tuple[int, list[int] | None]:
@@ -402,8 +440,11 @@ class Simulation:
         k = limit
         if self.pending:
             k = min(k, self.pending[0].arrival - self.now - 1)
+            if k <= 1:                                    # an arrival next step: no need to look further
+                return 0, None
         if self.running:
-            k = min(k, min(r.output - self.generated[r.id] for r in self.running) - 1)
+            gen = self.generated
+            k = min(k, min([r.output - gen[r.id] for r in self.running]) - 1)
         elif not self.pending:
             return 0, None
         if k <= 1:
@@ -451,14 +492,19 @@ class Simulation:
         if self.cols is not None:
             self._record(k, grown)
 
-    def run_to(self, step: int, fast: bool = True) -> None:
-        """Advance until `step` has run or every request is done; fast takes plain steps together."""
+    def run_to(self, step: int, fast: bool = True, checkpoints: list | None = None) -> None:
+        """Advance until `step` has run or every request is done; fast takes plain steps together. With
+        `checkpoints`, append a copy of the simulation every CHECKPOINT_STEPS steps or so."""
+        mark = self.now + CHECKPOINT_STEPS
         while self.now < step and not self.finished:
             k, rooms = self.plain_steps(step - self.now) if fast else (0, None)
             if k > 1:
                 self.skip(k, rooms)
             else:
                 self.step()
+            if checkpoints is not None and self.now >= mark:
+                checkpoints.append(self.clone())
+                mark = self.now + CHECKPOINT_STEPS
 
     def summary(self) -> dict:
         return {"stored": self.stored_total, "running": len(self.running), "waiting": len(self.waiting),
@@ -496,7 +542,11 @@ def allocator_key(p: PagingParams, kind: str) -> tuple:
 
 _runs: collections.OrderedDict[tuple, dict] = collections.OrderedDict()    # allocator key -> the run's columns
 _live: collections.OrderedDict[tuple, Simulation] = collections.OrderedDict()   # allocator key -> a simulation
+# allocator key -> copies of the run's simulation along the way, in step order: a frame before the live
+# simulation's step (the page's opening frame, a step back) resumes from the nearest, not from step 0.
+_checkpoints: collections.OrderedDict[tuple, list] = collections.OrderedDict()
 CACHED_RUNS = 16
+CHECKPOINT_STEPS = 256
 
 
 def _remember(cache: collections.OrderedDict, key: tuple, value) -> None:
@@ -509,6 +559,7 @@ def _remember(cache: collections.OrderedDict, key: tuple, value) -> None:
 def clear_caches() -> None:
     _runs.clear()
     _live.clear()
+    _checkpoints.clear()
 
 
 def run(p: PagingParams, kind: str) -> dict[str, list]:
@@ -516,10 +567,11 @@ def run(p: PagingParams, kind: str) -> dict[str, list]:
     key = allocator_key(p, kind)
     cols = _runs.get(key)
     if cols is None:
-        sim = Simulation(p, kind, record=True)
-        sim.run_to(MAX_STEPS - 1)
+        sim, checkpoints = Simulation(p, kind, record=True), []
+        sim.run_to(MAX_STEPS - 1, checkpoints=checkpoints)
         cols = sim.cols
         _remember(_runs, key, cols)
+        _remember(_checkpoints, key, checkpoints)
         _remember(_live, key, sim)                  # the last frame is then free to draw
     else:
         _runs.move_to_end(key)
@@ -531,11 +583,13 @@ def history(p: PagingParams) -> dict[str, dict[str, list]]:
 
 
 def state_at(p: PagingParams, kind: str, k: int) -> Simulation:
-    """The simulation after step k. Playing forward reuses the last one, so each frame costs one step."""
+    """The simulation after step k. Playing forward reuses the last one, so each frame costs one step; a frame
+    before it resumes from the run's nearest checkpoint at or before k."""
     key = allocator_key(p, kind)
     sim = _live.get(key)
     if sim is None or sim.now > k:
-        sim = Simulation(p, kind)
+        earlier = [c for c in _checkpoints.get(key, ()) if c.now <= k]
+        sim = earlier[-1].clone() if earlier else Simulation(p, kind)
     sim.run_to(k)
     _remember(_live, key, sim)
     return sim
@@ -543,8 +597,10 @@ def state_at(p: PagingParams, kind: str, k: int) -> Simulation:
 
 def summarize(cols: dict[str, list], p: PagingParams) -> dict:
     steps, stored, running = len(cols["stored"]), cols["stored"], cols["running"]
-    busy = [s for s, short in zip(stored, cols["short"]) if short]
-    waste = [(u - s) / n for u, s, n in zip(cols["in_use"], stored, running) if n] or [0.0]
+    # Over every step of the run (up to 50,000 rows): compress and map keep the loops in C.
+    busy = list(itertools.compress(stored, cols["short"]))
+    slack = map(operator.sub, itertools.compress(cols["in_use"], running), itertools.compress(stored, running))
+    waste = list(map(operator.truediv, slack, itertools.compress(running, running))) or [0.0]
     allocated = sum(cols["in_use"])
     return {
         "steps": steps,

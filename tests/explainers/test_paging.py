@@ -376,20 +376,29 @@ def stepped(p: P, kind: str) -> Simulation:
 @given(params, st.integers(0, 10**6))
 def test_fast_path_gives_identical_runs_and_frames(p, at):
     model.clear_caches()
-    for kind in ("reserve", "paged"):
-        slow = stepped(p, kind)
-        assert model.run(p, kind) == slow.cols
-        k = at % len(slow.cols["stored"])
-        fast, ref = state_at(p, kind, k), Simulation(p, kind)
-        while ref.now < k:
-            ref.step()
-        assert (fast.now, fast.written, fast.generated, fast.layout()) == (ref.now, ref.written, ref.generated,
-                                                                           ref.layout())
-        assert ([r.id for r in fast.running], [r.id for r in fast.waiting]) == \
-               ([r.id for r in ref.running], [r.id for r in ref.waiting])
-        if kind == "paged":
-            assert list(fast.alloc.free_blocks) == list(ref.alloc.free_blocks)
-            assert findable(fast.alloc) == findable(ref.alloc)
+    every, model.CHECKPOINT_STEPS = model.CHECKPOINT_STEPS, 1 + at % 37    # frames resume from checkpoints
+    try:
+        for kind in ("reserve", "paged"):
+            _compare_fast_and_stepped(p, kind, at)
+    finally:
+        model.CHECKPOINT_STEPS = every
+
+
+def _compare_fast_and_stepped(p, kind, at):
+    """A run taken in plain stretches equals one stepped; a frame (from a checkpoint) equals stepping to it."""
+    slow = stepped(p, kind)
+    assert model.run(p, kind) == slow.cols
+    k = at % len(slow.cols["stored"])
+    fast, ref = state_at(p, kind, k), Simulation(p, kind)
+    while ref.now < k:
+        ref.step()
+    assert (fast.now, fast.written, fast.generated, fast.layout()) == (ref.now, ref.written, ref.generated,
+                                                                       ref.layout())
+    assert ([r.id for r in fast.running], [r.id for r in fast.waiting]) == \
+           ([r.id for r in ref.running], [r.id for r in ref.waiting])
+    if kind == "paged":
+        assert list(fast.alloc.free_blocks) == list(ref.alloc.free_blocks)
+        assert findable(fast.alloc) == findable(ref.alloc)
 
 
 def test_each_allocator_is_cached_on_the_parameters_it_depends_on():
@@ -489,3 +498,18 @@ def test_try_this_links_are_valid_and_run():
     assert len(links) >= 5
     for query in links:
         json.dumps(page_data(P.from_mapping(dict(parse_qsl(query)))), allow_nan=False)
+
+
+def test_a_checkpoint_copies_every_field_and_shares_nothing_that_changes():
+    """Simulation.clone copies field by field (copy.copy would slow the run it copies): a field added later
+    and not copied would make frames resumed from a checkpoint wrong, so compare the fields themselves."""
+    for kind in ("reserve", "paged"):
+        sim = Simulation(P(), kind)
+        sim.run_to(300)
+        c = sim.clone()
+        assert vars(c).keys() == vars(sim).keys() and vars(c.alloc).keys() == vars(sim.alloc).keys()
+        c.run_to(900)
+        ref = Simulation(P(), kind)
+        ref.run_to(900)
+        assert (c.now, c.written, c.layout()) == (ref.now, ref.written, ref.layout())
+        assert sim.now == 300 and sim.layout() != c.layout()     # the original did not move with its copy
