@@ -15,6 +15,7 @@ import random
 from ..core.gpus import GPUS
 from ..core.limits import check_split, check_weights_fit
 from ..core.models import MODELS
+from ..core.summaries import num, sig, summaries
 from ..core.params import ParamError, Params, choice, integer, number
 from ..core.timing import prefill_formula, prefill_seconds
 from ..core.units import thousands
@@ -169,25 +170,48 @@ def page_data(p: PromptCachingParams) -> dict:
     if len(alive["t1"]) < len(alive["t0"]):
         alive["t1"].append(p.duration_min)
     kinds = [e["kind"] for e in events]
+    sources = {
+        "curve": {"reuses": xs, "without": [r["cost_without"] * 1e3] * len(xs),
+                  "with_cache": [cost_per_request(p, hit_probability(x)) * 1e3 for x in xs]},
+        "here": {"reuses": [r["reuses_per_lifetime"]], "cost": [r["cost_with"] * 1e3],
+                 "text": [f"you: {r['hit_rate']:.0%} hits, {r['saving']:+.0%} saved"]},
+        "break_even": ({"reuses": [-math.log(1 - r["break_even_hit_rate"])] * 2,
+                        "y": [0, r["cost_without"] * 1e3 * 1.3]}
+                       if r["break_even_kind"] == "crossing" else {"reuses": [], "y": []}),
+        "timeline": {"t": [e["t"] / 60 for e in events], "kind": kinds,
+                     "y": [{"write": 2, "hit": 1, "expiry": 0}[k] for k in kinds]},
+        "alive": alive,
+    }
+    ranges = {"timeline_x": [0, p.duration_min]}
     return {
-        "sources": {
-            "curve": {"reuses": xs, "without": [r["cost_without"] * 1e3] * len(xs),
-                      "with_cache": [cost_per_request(p, hit_probability(x)) * 1e3 for x in xs]},
-            "here": {"reuses": [r["reuses_per_lifetime"]], "cost": [r["cost_with"] * 1e3],
-                     "text": [f"you: {r['hit_rate']:.0%} hits, {r['saving']:+.0%} saved"]},
-            "break_even": ({"reuses": [-math.log(1 - r["break_even_hit_rate"])] * 2,
-                            "y": [0, r["cost_without"] * 1e3 * 1.3]}
-                           if r["break_even_kind"] == "crossing" else {"reuses": [], "y": []}),
-            "timeline": {"t": [e["t"] / 60 for e in events], "kind": kinds,
-                         "y": [{"write": 2, "hit": 1, "expiry": 0}[k] for k in kinds]},
-            "alive": alive,
-        },
-        "ranges": {"timeline_x": [0, p.duration_min]},
+        "sources": sources,
+        "texts": plot_summaries(sources, ranges),
+        "ranges": ranges,
         "formula": formula(p, r),
         "readouts": readouts(p, r),
         "notes": [f"Prices are parameters: the defaults are one provider's list prices as of {PRICES_AS_OF}. "
                   f"Check today's before you rely on them."],
     }
+
+
+def plot_summaries(sources: dict, ranges: dict) -> dict:
+    """Each plot in words, from the columns (and the timeline's span) it draws."""
+    c, here, be = sources["curve"], sources["here"], sources["break_even"]
+    curve = (f"Without caching 1,000 requests cost ${c['without'][0]:,.2f}; with caching, ${c['with_cache'][0]:,.2f} "
+             f"at {num(c['reuses'][0])} requests per lifetime and ${c['with_cache'][-1]:,.2f} at "
+             f"{num(c['reuses'][-1])}. ")
+    curve += (f"Caching pays above {sig(be['reuses'][0])} requests per lifetime. " if be["reuses"] else
+              "The two lines do not cross: caching never pays, or always does. ")
+    curve += f"You are at {sig(here['reuses'][0])} requests per lifetime: ${here['cost'][0]:,.2f}."
+    kinds = sources["timeline"]["kind"]
+    alive, span = sources["alive"], ranges["timeline_x"][1] - ranges["timeline_x"][0]
+    cached = sum(b - a for a, b in zip(alive["t0"], alive["t1"]))
+    writes, hits, expiries = kinds.count("write"), kinds.count("hit"), kinds.count("expiry")
+    timeline = (f"In {sig(span)} simulated minutes {thousands(writes + hits)} requests arrive: "
+                f"{thousands(writes)} {'writes' if writes == 1 else 'write'} the prefix and {thousands(hits)} "
+                f"{'hits' if hits == 1 else 'hit'} it; it expires {thousands(expiries)} "
+                f"{'time' if expiries == 1 else 'times'} and is cached for {sig(cached)} of the {sig(span)} minutes.")
+    return summaries(curve=curve, timeline=timeline)
 
 
 def formula(p: PromptCachingParams, r: dict) -> list[dict]:

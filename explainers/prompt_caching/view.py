@@ -13,7 +13,7 @@ KINDS = ["write", "hit", "expiry"]
 
 def layout(params_cls, values: dict, data: dict):
     src = widgets.sources(data)
-    curve = figure(height=340, sizing_mode="stretch_width", x_axis_type="log", toolbar_location=None,
+    curve = figure(height=340, sizing_mode="stretch_width", x_axis_type="log", toolbar_location=None, name="plot:curve",
                    title="Cost per 1,000 requests against how often the prefix is reused within its lifetime",
                    x_axis_label="requests per lifetime (rate × lifetime, log scale)", y_axis_label="$ per 1,000 requests")
     curve.line("reuses", "without", source=src["curve"], line_width=3, color="#6b7280", legend_label="no caching")
@@ -28,7 +28,7 @@ def layout(params_cls, values: dict, data: dict):
                                         ("not cached", "$@without{0.00}")]))
 
     start, end = data["ranges"]["timeline_x"]
-    timeline = figure(height=240, sizing_mode="stretch_width", toolbar_location=None, y_range=(-0.7, 2.7),
+    timeline = figure(height=240, sizing_mode="stretch_width", toolbar_location=None, y_range=(-0.7, 2.7), name="plot:timeline",
                       x_range=Range1d(start, end, name="range:timeline_x"), x_axis_label="minutes",
                       title="A simulated hour: cache writes, hits and expiries (shaded: the prefix is cached)")
     timeline.hbar(y=1, left="t0", right="t1", height=2.8, source=src["alive"], color="#dbeafe")

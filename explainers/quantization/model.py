@@ -102,21 +102,21 @@ def page_data(p: QuantizationParams) -> dict:
              for name, (w, kv) in variants(p).items()}
     batches = sorted(set(CURVE_BATCHES + [p.batch]))
     sources = {
-            "bytes": {"variant": names, "weights_gb": [s["weight_bytes"] / 1e9 for s in steps.values()],
-                      "cache_gb": [s["kv_bytes"] / 1e9 for s in steps.values()],
-                      "total_gb": [s["bytes"] / 1e9 for s in steps.values()],
-                      "ms": [s["seconds"] * 1e3 for s in steps.values()],
-                      "label": [f"{combos[n][0]} weights, {combos[n][1]} cache: {s['seconds'] * 1e3:.2f} ms/step, "
-                                f"{s['tokens_per_s_per_user']:,.0f} tok/s per user" for n, s in steps.items()]},
-            "roofline": {"intensity": intensities,
-                         "tflops": [min(gpu.bf16_tflops, x * gpu.bandwidth_gbs / 1e3) for x in intensities]},
-            "points": {"variant": [f"{n} ({w}/{kv})" for n, (w, kv) in combos.items()], "intensity": [s["intensity"] for s in steps.values()],
-                       "tflops": [s["flops"] / s["seconds"] / 1e12 for s in steps.values()]},
-            "speed": {"context": CURVE_CONTEXTS, **{f"v{i}": curve[n] for i, n in enumerate(names)}},
-            "crossover": {"batch": batches,
-                          "context": [crossover_context(m, p.weight_dtype, p.kv_dtype, b) for b in batches]},
-            "here": {"batch": [p.batch], "context": [p.context],
-                     "text": [f"you: cache is {r['cache_share']:.0%} of the bytes"]},
+        "bytes": {"variant": names, "weights_gb": [s["weight_bytes"] / 1e9 for s in steps.values()],
+                  "cache_gb": [s["kv_bytes"] / 1e9 for s in steps.values()],
+                  "total_gb": [s["bytes"] / 1e9 for s in steps.values()],
+                  "ms": [s["seconds"] * 1e3 for s in steps.values()],
+                  "label": [f"{combos[n][0]} weights, {combos[n][1]} cache: {s['seconds'] * 1e3:.2f} ms/step, "
+                            f"{s['tokens_per_s_per_user']:,.0f} tok/s per user" for n, s in steps.items()]},
+        "roofline": {"intensity": intensities,
+                     "tflops": [min(gpu.bf16_tflops, x * gpu.bandwidth_gbs / 1e3) for x in intensities]},
+        "points": {"variant": [f"{n} ({w}/{kv})" for n, (w, kv) in combos.items()], "intensity": [s["intensity"] for s in steps.values()],
+                   "tflops": [s["flops"] / s["seconds"] / 1e12 for s in steps.values()]},
+        "speed": {"context": CURVE_CONTEXTS, **{f"v{i}": curve[n] for i, n in enumerate(names)}},
+        "crossover": {"batch": batches,
+                      "context": [crossover_context(m, p.weight_dtype, p.kv_dtype, b) for b in batches]},
+        "here": {"batch": [p.batch], "context": [p.context],
+                 "text": [f"you: cache is {r['cache_share']:.0%} of the bytes"]},
     }
     return {
         "sources": sources,
