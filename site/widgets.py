@@ -6,6 +6,8 @@ them by these names, so an explainer's view only lays them out; it never writes 
 """
 from __future__ import annotations
 
+import re
+
 from bokeh.models import (AutocompleteInput, Button, ColumnDataSource, CustomJS, Div, FileInput, InlineStyleSheet,
                           Select, Slider, TextInput)
 from bokeh.layouts import column, row
@@ -43,11 +45,33 @@ def on_change() -> CustomJS:
     return CustomJS(code="window.kvx && window.kvx.onControl(cb_obj)")
 
 
+# The code's short spelling of a unit inside a parameter's name ("lifetime_s", "link_gbps"), as the unit is written.
+UNIT_SPELLINGS = {"s": "s", "ms": "ms", "us": "µs", "min": "min", "hour": "h", "gb": "gb", "gbps": "gb/s"}
+JOINERS = {"per", "of", "or", "the", "a"}
+
+
+def _said(word: str) -> str:
+    word = word.lower()
+    return word[:-1] if len(word) > 3 and word.endswith("s") else word
+
+
 def title(spec) -> str:
-    """A control's label: its name in words, with its unit unless the unit only repeats the name
-    ("seed", not "seed (seed)"; "requests", not "requests (requests)")."""
-    name, unit = spec["name"].replace("_", " "), spec["unit"]
-    return f"{name} ({unit})" if unit and unit.rstrip("s") != name.rstrip("s") else name
+    """A control's label: its name in words and its unit in brackets, never saying the unit twice.
+    A unit spelled short in the name gives way to the unit as written ("lifetime_s" in s: "lifetime (s)";
+    "rate_per_min" in requests/min: "rate (requests/min)"); unit words the name already says are left out of
+    the brackets ("seed", "output tokens", "gpus per replica", "kv dtype (or bits)")."""
+    unit = spec["unit"] or ""
+    parts = [w for w in re.split(r"[\s/]+", unit.lower()) if w]
+    words = [w for w in spec["name"].split("_") if UNIT_SPELLINGS.get(w.lower()) not in (unit.lower(), *parts)]
+    while words and words[-1] in JOINERS:                # "rate per" after "min" left
+        words.pop()
+    words = words or spec["name"].split("_")
+    said = {_said(w) for w in words}
+    if "/" not in unit:                                  # a rate keeps its unit whole
+        unit = " ".join(w for w in unit.split() if _said(w) not in said)
+        if all(w.lower() in JOINERS for w in unit.split()):
+            unit = ""
+    return f"{' '.join(words)} ({unit})" if unit else " ".join(words)
 
 
 def control(spec: dict, value, *, width: int = 190):

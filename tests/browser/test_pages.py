@@ -65,7 +65,7 @@ def test_cache_renting_bad_value_shows_inline_message_and_keeps_plot(offline_pag
     set_control(page, "gpu_count", "0")
     page.wait_for_function("Number(document.documentElement.dataset.kvxErrors || 0) > 0", timeout=30_000)
     message = page.evaluate("Bokeh.documents[0].get_model_by_name('error:gpu_count').text")
-    assert message == "gpu count (GPUs) must be between 1 and 64 GPUs; got 0."     # the control's label, not the field
+    assert message == "gpu count must be between 1 and 64 GPUs; got 0."     # the control's label, not the field
     assert page.get_by_text(message).is_visible()
     assert_sources_equal(page, expected("cache-renting"))           # nothing lost
     assert "Traceback" not in page.content()
