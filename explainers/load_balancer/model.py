@@ -32,6 +32,7 @@ from ..core.limits import check_tensor_parallel, check_weights_fit
 from ..core.models import MODELS
 from ..core.params import ParamError, Params, choice, integer, number
 from ..core.radix import RadixTree
+from ..core.summaries import listing, pct, sig, summaries
 from ..core.traces import SHARED, Request, parse_trace, to_jsonl
 from ..core.traces import with_sessions as _requests
 from ..core.units import GB, thousands
@@ -677,14 +678,60 @@ def frame_data(p: LoadBalancerParams, frame: int) -> dict:
         parts.append(f"{router.name} → replica {sv.replica} ({thousands(sv.matched)} cached, waits "
                      f"{sv.wait:.2f} s, first token after {sv.ttft:.2f} s)")
     who = f"session {q.session}, turn {q.turn + 1}"
+    sources = {"cache": cache, "queue": queue, "more": more, "here": here, "cursor": {"request": [k, k], "y": [0, 1]}}
     return {
-        "sources": {"cache": cache, "queue": queue, "more": more, "here": here,
-                    "cursor": {"request": [k, k], "y": [0, 1]}},
+        "sources": sources,
         "animation": {"mode": "on_demand", "frames": len(stops), "frame": f,
                       "caption": f"t = {q.arrival:.2f} s: request {k} ({who}, {thousands(q.input_length)} prompt "
                                  f"tokens) arrives. " + "; ".join(parts) + "."},
-        "texts": {},
+        "texts": summaries(lanes=lanes_summary({**lanes(p), **sources})),
     }
+
+
+def lanes_summary(sources: dict) -> str:
+    """The lanes plot in words, from what it draws: per router, where the request went, what its replicas
+    cache and how many requests they queue."""
+    place = {y: (label, g) for g, ys in enumerate(_router_lanes(sources)) for y, label in ys}
+    cached, queued, sent = collections.Counter(), collections.Counter(), {}
+    for y, n in zip(sources["cache"]["y"], sources["cache"]["tokens"]):
+        cached[place[y][1]] += n
+    for y in sources["queue"]["y"]:
+        queued[place[y][1]] += 1
+    for y, text in zip(sources["more"]["y"], sources["more"]["text"]):
+        queued[place[y][1]] += int(text.lstrip("+"))
+    for y in sources["here"]["y"]:
+        sent[place[y][1]] = place[y][0]
+    names = sources["router_names"]["text"]
+    replicas = len(sources["lanes"]["y"]) // len(names)
+    per = [f"{name} sends it to {sent.get(g, 'no replica')} (its replicas: {thousands(cached[g])} tokens cached, "
+           f"{thousands(queued[g])} requests running or waiting)" for g, name in enumerate(names)]
+    return (f"{sources['here']['text'][0].capitalize()} has just arrived at {replicas} replicas of "
+            f"{thousands(sources['lanes']['x1'][0])} cached tokens each: " + "; ".join(per) + ".")
+
+
+def _router_lanes(sources: dict) -> list[list[tuple]]:
+    """The lanes' (y, replica label) by router, in the order drawn (each router's replicas together)."""
+    names, rows = sources["router_names"]["text"], list(zip(sources["lanes"]["y"], sources["lanes"]["label"]))
+    per = len(rows) // len(names)
+    return [rows[g * per:(g + 1) * per] for g in range(len(names))]
+
+
+def plot_summaries(sources: dict) -> dict:
+    """The whole run's plots in words, from the columns they draw."""
+    run_, names = sources["running"], {r.key: r.name for r in ROUTERS}
+    running = ("Hit rate over the whole run: "
+               + listing([f"{names[key]} {pct(run_[key][-1])}" for key in names if run_[key]])
+               + f"; an unlimited cache would find {pct(sources['unlimited']['hit_rate'][0])}.")
+    pc = sources["percentiles"]
+    p50 = {r: t for r, t, q in zip(pc["router"], pc["ttft"], pc["share"]) if q == 0.5}
+    p99 = {r: t for r, t, q in zip(pc["router"], pc["ttft"], pc["share"]) if q != 0.5}
+    ttft = ("Median time to first token: "
+            + listing([f"{r} {sig(p50[r])} s (99th percentile {sig(p99[r])} s)" for r in p50]) + ".")
+    m = sources["busy_mean"]
+    busy = ("Busiest replica against the mean, in seconds of prefill: "
+            + listing([f"{r} {sig(hi)} against {sig(mean)} ({label})"
+                       for r, hi, mean, label in zip(m["router"], m["max"], m["mean"], m["label"])]) + ".")
+    return summaries(running=running, ttft=ttft, busy=busy)
 
 
 def opening_frame(p: LoadBalancerParams) -> int:
@@ -776,18 +823,19 @@ def page_data(p: LoadBalancerParams) -> dict:
     top = 1.3
     bottom = lane_y(p, len(ROUTERS) - 1, p.replicas - 1) - 0.8
     longest = max(max(sums[k]["ttft_p99_s"] for k in BY_KEY), 1e-9)
+    sources = {**at["sources"], **lanes_src, "running": running, "percentiles": pcts,
+               "unlimited": {"request": [-0.5, n - 0.5], "hit_rate": [w.unlimited_found / out_total(w)] * 2},
+               **{f"ecdf_{k}": v for k, v in ecdf_lines.items()}, "busy": busy, "busy_mean": mean}
     return {
         **at,
-        "sources": {**at["sources"], **lanes_src, "running": running, "percentiles": pcts,
-                    "unlimited": {"request": [-0.5, n - 0.5], "hit_rate": [w.unlimited_found / out_total(w)] * 2},
-                    **{f"ecdf_{k}": v for k, v in ecdf_lines.items()}, "busy": busy, "busy_mean": mean},
+        "sources": sources,
         "ranges": {"lanes_x": [-0.3 * cap, cap * (1.04 + QUEUE_SHOWN * 0.062) + 0.42 * cap],
                    "lanes_y": [bottom, top], "running_x": [-0.5, n - 0.5], "ttft_x": [0, 1.08 * longest],
                    "busy_y": [0, 1.18 * max(max(mean["max"]), 1e-9)]},
         "formula": formula(p, sums),
         "readouts": readouts(p, sums),
         "notes": notes(p),
-        "texts": {"trace": trace_note(p)},
+        "texts": {**at["texts"], **plot_summaries(sources), "trace": trace_note(p)},
     }
 
 

@@ -15,7 +15,7 @@ from kvx.site import widgets
 def _lanes(src, data):
     x0, x1 = data["ranges"]["lanes_x"]
     y0, y1 = data["ranges"]["lanes_y"]
-    fig = figure(height=600, sizing_mode="stretch_width", toolbar_location=None,
+    fig = figure(height=600, sizing_mode="stretch_width", toolbar_location=None, name="plot:lanes",
                  x_range=Range1d(x0, x1, name="range:lanes_x"), y_range=Range1d(y0, y1, name="range:lanes_y"),
                  title="The same requests under four routers: each replica's prefix cache and queue")
     fig.axis.visible = False
@@ -48,7 +48,7 @@ def layout(params_cls, values: dict, data: dict):
     lanes = _lanes(src, data)
 
     start, end = data["ranges"]["running_x"]
-    running = figure(height=300, sizing_mode="stretch_width", toolbar_location=None, y_range=(0, 1.02),
+    running = figure(height=300, sizing_mode="stretch_width", toolbar_location=None, y_range=(0, 1.02), name="plot:running",
                      x_range=Range1d(start, end, name="range:running_x"),
                      title="Hit rate so far (dashed: an unlimited cache)", x_axis_label="request (arrival order)",
                      y_axis_label="cached ÷ prompt")
@@ -62,7 +62,7 @@ def layout(params_cls, values: dict, data: dict):
     running.legend.location = "bottom_right"
 
     t0, t1 = data["ranges"]["ttft_x"]
-    ttft = figure(height=300, sizing_mode="stretch_width", toolbar_location=None, y_range=(0, 1.02),
+    ttft = figure(height=300, sizing_mode="stretch_width", toolbar_location=None, y_range=(0, 1.02), name="plot:ttft",
                   x_range=Range1d(t0, t1, name="range:ttft_x"),
                   title="Time to first token (dots: p50 and p99)",
                   x_axis_label="seconds", y_axis_label="share of requests")
@@ -76,7 +76,7 @@ def layout(params_cls, values: dict, data: dict):
 
     names = [r.name for r in ROUTERS]
     b0, b1 = data["ranges"]["busy_y"]
-    busy = figure(height=300, sizing_mode="stretch_width", toolbar_location=None, x_range=names,
+    busy = figure(height=300, sizing_mode="stretch_width", toolbar_location=None, x_range=names, name="plot:busy",
                   y_range=Range1d(b0, b1, name="range:busy_y"),
                   title="Busy seconds per replica (dots), mean (bar)", y_axis_label="seconds of prefill")
     busy.scatter("router", "busy", source=src["busy"], color="color", size=12, alpha=0.75, line_color="white")
