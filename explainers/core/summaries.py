@@ -59,7 +59,9 @@ def sig(x: float, figures: int = 3) -> str:
     12345 -> '12,300', 0.01234 -> '0.0123', 60.0 -> '60', 2.50 -> '2.5'."""
     if x == 0 or x != x:
         return "0" if x == 0 else "not a number"
-    digits = max(0, figures - 1 - math.floor(math.log10(abs(x))))
+    digits = figures - 1 - math.floor(math.log10(abs(x)))
+    if digits <= 0:
+        return f"{round(x, digits):,.0f}"
     out = f"{round(x, digits):,.{digits}f}"
     return out.rstrip("0").rstrip(".") if "." in out else out
 

@@ -19,6 +19,7 @@ from ..core.links import LINKS
 from ..core.models import MODELS
 from ..core.limits import check_split, check_weights_fit
 from ..core.params import ParamError, Params, choice, integer, number
+from ..core.summaries import sig, summaries
 from ..core.units import bytes_both, bytes_si, thousands, tokens
 
 DTYPES = tuple(DTYPE_BITS)
@@ -339,6 +340,40 @@ def notes(p: DisaggregationParams, r: dict) -> list[str]:
     return out
 
 
+def plot_summaries(sources: dict, ranges: dict) -> dict:
+    """Each plot in words, from the bars and lines it draws (the timeline as it stands at the last frame)."""
+    g = sources["gantt"]
+    bars = {lane: [(a, b) for ln, a, b in zip(g["lane"], g["start"], g["end"]) if ln == lane] for lane in LANES}
+    after, layerwise = MODES
+    layers = len(bars[f"{after} · prefill"])
+    prefill_end = max(b for _, b in bars[f"{after} · prefill"])
+    whole = bars[f"{after} · link"][0]
+    sends = bars[f"{layerwise} · link"]
+    decode = {mode: bars[f"{mode} · decode"][0][0] for mode in MODES}
+    gantt_text = (f"Prefill of {layers} layers ends at {sig(prefill_end, 4)} ms in both modes. Sent after prefill, "
+                  f"the whole cache crosses the link from {sig(whole[0], 4)} to {sig(whole[1], 4)} ms; sent layer by "
+                  f"layer, the last layer arrives at {sig(sends[-1][1], 4)} ms. The first decode step starts at "
+                  f"{sig(decode[after], 4)} ms after prefill and at {sig(decode[layerwise], 4)} ms layer by layer.")
+    z0, z1 = ranges["zoom_x"]
+    zoom_text = (f"Between {sig(z0)} and {sig(z1)} ms: after prefill the link is busy for {sig(whole[1] - whole[0])} ms "
+                 f"once prefill ends; layer by layer each layer's transfer takes {sig(sends[-1][1] - sends[-1][0])} ms "
+                 f"and decoding waits {sig(decode[layerwise] - prefill_end)} ms after prefill, against "
+                 f"{sig(decode[after] - prefill_end)} ms.")
+    c, here = sources["curve"], sources["here"]
+    curve_text = (f"From {thousands(c['context'][0])} to {thousands(c['context'][-1])} prompt tokens, prefill grows "
+                  f"from {sig(c['prefill_ms'][0])} to {sig(c['prefill_ms'][-1])} ms; the exposed transfer grows from "
+                  f"{sig(c['after_ms'][0])} to {sig(c['after_ms'][-1])} ms after prefill and from "
+                  f"{sig(c['layerwise_ms'][0])} to {sig(c['layerwise_ms'][-1])} ms layer by layer. At "
+                  f"{thousands(here['context'][0])} tokens: {sig(here['ms'][0])} and {sig(here['ms'][1])} ms.")
+    ln = sources["links"]
+    lo_a, hi_a = min(zip(ln["after_ms"], ln["link"])), max(zip(ln["after_ms"], ln["link"]))
+    lo_b, hi_b = min(zip(ln["layerwise_ms"], ln["link"])), max(zip(ln["layerwise_ms"], ln["link"]))
+    links_text = (f"Over {len(ln['link'])} link presets ({ln['links'][0]} links each), the exposed time after prefill "
+                  f"runs from {sig(lo_a[0])} ms ({lo_a[1]}) to {sig(hi_a[0])} ms ({hi_a[1]}), and layer by layer from "
+                  f"{sig(lo_b[0])} ms ({lo_b[1]}) to {sig(hi_b[0])} ms ({hi_b[1]}).")
+    return summaries(gantt=gantt_text, zoom=zoom_text, curve=curve_text, links=links_text)
+
+
 def page_data(p: DisaggregationParams) -> dict:
     r = evaluate(p)
     rows, captions = gantt(p, r)
@@ -347,19 +382,22 @@ def page_data(p: DisaggregationParams) -> dict:
     zoom = [max(0.0, r["prefill_seconds"] - 0.3 * after_prefill - r["layer_seconds"]) * 1e3,
             (r["prefill_seconds"] + 1.05 * after_prefill) * 1e3]
     curve = overhead_curve(p)
+    sources = {
+        "gantt": rows,
+        "curve": curve,
+        "here": {"context": [p.context, p.context],
+                 "ms": [r["exposed_seconds_after"] * 1e3, r["exposed_seconds_layerwise"] * 1e3],
+                 "text": [f"after prefill: {_ms(r['exposed_seconds_after'])}",
+                          f"layer by layer: {_ms(r['exposed_seconds_layerwise'])}"],
+                 "dy": [4, -20]},                                  # labels above and below, never on top
+        "links": by_link(p),
+    }
+    ranges = {"gantt_x": [0, end], "zoom_x": zoom}      # fixed while animating
     return {
-        "sources": {
-            "gantt": rows,
-            "curve": curve,
-            "here": {"context": [p.context, p.context],
-                     "ms": [r["exposed_seconds_after"] * 1e3, r["exposed_seconds_layerwise"] * 1e3],
-                     "text": [f"after prefill: {_ms(r['exposed_seconds_after'])}",
-                              f"layer by layer: {_ms(r['exposed_seconds_layerwise'])}"],
-                     "dy": [4, -20]},                                  # labels above and below, never on top
-            "links": by_link(p),
-        },
+        "sources": sources,
+        "texts": plot_summaries(sources, ranges),
         "animation": {"source": "gantt", "frames": len(captions), "captions": captions},
-        "ranges": {"gantt_x": [0, end], "zoom_x": zoom},      # fixed while animating
+        "ranges": ranges,
         "formula": formula(p, r),
         "readouts": readouts(p, r),
         "notes": notes(p, r),

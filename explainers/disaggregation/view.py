@@ -18,7 +18,7 @@ AFTER, LAYERWISE = "#dc2626", "#2563eb"
 def layout(params_cls, values: dict, data: dict):
     src = widgets.sources(data)
     start, end = data["ranges"]["gantt_x"]
-    gantt = figure(height=330, sizing_mode="stretch_width", toolbar_location=None,
+    gantt = figure(height=330, sizing_mode="stretch_width", toolbar_location=None, name="plot:gantt",
                    y_range=FactorRange(*reversed(LANES)), x_range=Range1d(start, end, name="range:gantt_x"),
                    title="Prefill layer by layer, the cache crossing the link, the first decode step",
                    x_axis_label="time since the request arrived (ms)")
@@ -27,7 +27,7 @@ def layout(params_cls, values: dict, data: dict):
     gantt.add_tools(HoverTool(tooltips=[("", "@label")]))
     gantt.ygrid.visible = False
     z0, z1 = data["ranges"]["zoom_x"]
-    zoom = figure(height=300, sizing_mode="stretch_width", toolbar_location=None,
+    zoom = figure(height=300, sizing_mode="stretch_width", toolbar_location=None, name="plot:zoom",
                   y_range=FactorRange(*reversed(LANES)), x_range=Range1d(z0, z1, name="range:zoom_x"),
                   title="Zoomed in on the end of prefill, where the two modes part",
                   x_axis_label="time since the request arrived (ms)")
@@ -37,7 +37,7 @@ def layout(params_cls, values: dict, data: dict):
     zoom.ygrid.visible = False
 
     curve = figure(height=340, sizing_mode="stretch_width", x_axis_type="log", y_axis_type="log",
-                   toolbar_location=None, title="Exposed transfer time against prompt length",
+                   toolbar_location=None, title="Exposed transfer time against prompt length", name="plot:curve",
                    x_axis_label="prompt tokens (log scale)", y_axis_label="ms (log scale)")
     curve.line("context", "prefill_ms", source=src["curve"], line_width=3, color="#6b7280",
                legend_label="prefill (TTFT)")
@@ -56,7 +56,7 @@ def layout(params_cls, values: dict, data: dict):
                                         ("layer by layer", "@layerwise_ms{0.000} ms")]))
 
     names = data["sources"]["links"]["link"]
-    links = figure(height=340, sizing_mode="stretch_width", x_axis_type="log", toolbar_location=None,
+    links = figure(height=340, sizing_mode="stretch_width", x_axis_type="log", toolbar_location=None, name="plot:links",
                    y_range=FactorRange(*reversed(names)), title="The same request over each link preset",
                    x_axis_label="exposed transfer time (ms, log scale)")
     links.segment(x0="layerwise_ms", x1="after_ms", y0="link", y1="link", source=src["links"], color="#d1d5db",
