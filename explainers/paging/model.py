@@ -31,6 +31,7 @@ import operator
 import random
 
 from ..core.params import ParamError, Params, choice, integer
+from ..core.summaries import pct, summaries
 from ..core.units import thousands
 
 ROW_SLOTS = 512                 # the memory maps wrap every 512 token slots
@@ -687,15 +688,49 @@ def frame_data(p: PagingParams, frame: int) -> dict:
     frame = max(0, min(len(steps) - 1, frame))
     k = steps[frame]
     sims = {kind: state_at(p, kind, k) for kind in KINDS}
-    return {
-        "sources": {
-            "reserve_map": memory_map(sims["reserve"].layout(), p, "reserve"),
-            "paged_map": memory_map(sims["paged"].layout(), p, "paged"),
-            "cursor": {"step": [k], "top": [1.0], "top_running": [p.requests]},
-        },
-        "animation": {"mode": "on_demand", "frames": len(steps), "frame": frame, "caption": caption(sims, p, k)},
-        "texts": {"block_table": block_table_text(sims["paged"], p)},
+    sources = {
+        "reserve_map": memory_map(sims["reserve"].layout(), p, "reserve"),
+        "paged_map": memory_map(sims["paged"].layout(), p, "paged"),
+        "cursor": {"step": [k], "top": [1.0], "top_running": [p.requests]},
     }
+    return {
+        "sources": sources,
+        "animation": {"mode": "on_demand", "frames": len(steps), "frame": frame, "caption": caption(sims, p, k)},
+        "texts": {"block_table": block_table_text(sims["paged"], p),
+                  **summaries(**{f"{kind}_map": map_summary(sources[f"{kind}_map"], kind, k, p.memory_slots)
+                                 for kind in KINDS})},
+    }
+
+
+def map_summary(cols: dict, kind: str, step: int, slots: int) -> str:
+    """One memory map in words, from its rectangles."""
+    held = collections.Counter()
+    for kind_, a, b in zip(cols["kind"], cols["x0"], cols["x1"]):
+        held[kind_] += b - a
+    unused = "reserved" if kind == "reserve" else "last-block slack"
+    words = "reserved but still empty" if kind == "reserve" else "empty ends of last blocks"
+    return (f"{kind.capitalize()} at step {thousands(step)}: {len(set(cols['request']))} requests hold memory; "
+            f"{thousands(held['stored'])} of {thousands(slots)} slots ({pct(held['stored'] / slots)}) hold tokens, "
+            f"{thousands(held[unused])} are {words} and {thousands(slots - held['stored'] - held[unused])} are free.")
+
+
+def series_summaries(series: dict) -> dict:
+    """The two plots of the whole run in words, from the series they draw."""
+    steps, out = series["step"], {}
+    share, running = [], []
+    for kind in KINDS:
+        n = series[f"{kind}_running"]
+        last = max((i for i, x in enumerate(n) if x), default=-1)
+        upto = series[f"{kind}_share"][:last + 1] or [0.0]
+        end = (f"has finished by step {thousands(steps[last + 1])}" if last + 1 < len(steps)
+               else f"is still going at step {thousands(steps[-1])}")
+        share.append(f"{kind} up to {pct(max(upto))} (mean {pct(sum(upto) / len(upto))}) and {end}")
+        running.append(f"{kind} runs at most {max(n)} requests at once")
+    preempted = series["paged_preemptions"][-1]
+    return summaries(
+        share="Share of memory holding token states: " + "; ".join(share) + ".",
+        running=("; ".join(running) + f"; paged preempts a request {thousands(preempted)} "
+                 f"{'time' if preempted == 1 else 'times'} in all.").capitalize())
 
 
 def busiest_frame(p: PagingParams) -> int:
@@ -721,6 +756,7 @@ def page_data(p: PagingParams, frame: int | None = None) -> dict:
     return {
         **at,
         "sources": {**at["sources"], "series": series},
+        "texts": {**at["texts"], **series_summaries(series)},
         "ranges": {"map_rows": [math.ceil(p.memory_slots / ROW_SLOTS) - 0.5, -0.5]},
         "formula": formula(p, r),
         "readouts": readouts(p, r),

@@ -12,8 +12,8 @@ from kvx.site import widgets
 RESERVE, PAGED = "#b45309", "#2563eb"
 
 
-def _memory_map(title: str, source, rows_range):
-    fig = figure(height=300, sizing_mode="stretch_width", x_range=(0, ROW_SLOTS), y_range=rows_range,
+def _memory_map(title: str, source, rows_range, key: str):
+    fig = figure(height=300, sizing_mode="stretch_width", x_range=(0, ROW_SLOTS), y_range=rows_range, name=f"plot:{key}",
                  toolbar_location=None, title=title, x_axis_label=f"token slot within a row of {ROW_SLOTS}",
                  y_axis_label="row")
     fig.quad(left="x0", right="x1", bottom=dodge("row", -0.42), top=dodge("row", 0.42), source=source,
@@ -28,14 +28,14 @@ def layout(params_cls, values: dict, data: dict):
     top, bottom = data["ranges"]["map_rows"]
     rows_range = Range1d(top, bottom, name="range:map_rows")
     reserve = _memory_map("Reserve: a chunk per request (pale: reserved, still empty)",
-                          src["reserve_map"], rows_range)
-    paged = _memory_map("Paged: blocks on demand (pale: the empty end of a last block)", src["paged_map"], rows_range)
+                          src["reserve_map"], rows_range, "reserve_map")
+    paged = _memory_map("Paged: blocks on demand (pale: the empty end of a last block)", src["paged_map"], rows_range, "paged_map")
 
-    share = figure(height=260, sizing_mode="stretch_width", toolbar_location=None, y_range=(0, 1.02),
+    share = figure(height=260, sizing_mode="stretch_width", toolbar_location=None, y_range=(0, 1.02), name="plot:share",
                    title="Share of KV memory holding real token states", x_axis_label="engine step")
     share.line("step", "reserve_share", source=src["series"], color=RESERVE, line_width=3, legend_label="reserve")
     share.line("step", "paged_share", source=src["series"], color=PAGED, line_width=3, legend_label="paged")
-    running = figure(height=260, sizing_mode="stretch_width", toolbar_location=None, x_range=share.x_range,
+    running = figure(height=260, sizing_mode="stretch_width", toolbar_location=None, x_range=share.x_range, name="plot:running",
                      title="Requests running at once, and paged preemptions", x_axis_label="engine step")
     running.line("step", "reserve_running", source=src["series"], color=RESERVE, line_width=3, legend_label="reserve")
     running.line("step", "paged_running", source=src["series"], color=PAGED, line_width=3, legend_label="paged")
