@@ -21,6 +21,7 @@ from ..core.links import LINKS
 from ..core.models import MODELS
 from ..core.limits import check_split, check_weights_fit
 from ..core.params import ParamError, Params, choice, integer, number
+from ..core.summaries import listing, pct, sig, summaries, times
 from ..core.units import bytes_both, bytes_si, thousands, tokens
 
 DTYPES = tuple(DTYPE_BITS)
@@ -379,6 +380,32 @@ def notes(p: CrossModelParams, r: dict) -> list[str]:
     return out
 
 
+def plot_summaries(sources: dict) -> dict:
+    """Each plot in words, from the columns it draws."""
+    c, here = sources["curve"], sources["here"]
+    n, first, last = thousands(here["context"][0]), thousands(c["context"][0]), thousands(c["context"][-1])
+    ratio = [a / b for a, b in zip(c["reprefill_flops"], c["map_flops"])]
+    flops = (f"Re-prefilling the large model costs {times(min(ratio))} to {times(max(ratio))} the FLOPs of mapping the "
+             f"small model's cache, from {first} to {last} tokens; at {n} tokens, {sig(here['flops'][0] / 1e12)} "
+             f"TFLOP against {sig(here['flops'][1] / 1e12)} TFLOP.")
+    faster = [m < r_ for m, r_ in zip(c["map_ms"], c["reprefill_ms"])]
+    be = sources["breakeven"]["context"]
+    when = (f"mapping is faster above {thousands(be[0])} tokens" if be else
+            f"mapping is faster at every context from {first} to {last} tokens" if all(faster) else
+            f"re-prefill is faster at every context from {first} to {last} tokens" if not any(faster) else
+            "the two cross more than once")
+    time = (f"At {n} tokens re-prefill takes {sig(here['ms'][0])} ms and mapping {sig(here['ms'][1])} ms; {when}.")
+    m = dict(zip(sources["memory"]["what"], sources["memory"]["text"]))
+    maps = m.pop("maps")
+    memory = f"The maps take {maps}, next to " + listing([f"the {k} ({v})" for k, v in m.items()]) + "."
+    lay = sources["layers"]
+    small = sorted(set(lay["small"]))
+    layers = (f"Each of the large model's {len(lay['large'])} layers reads one of the small model's layers "
+              f"{small[0]} to {small[-1]}, {sig(len(lay['large']) / len(small), 2)} large layers per small layer on "
+              f"average; the last large layer reads small layer {lay['small'][-1]}.")
+    return summaries(flops=flops, time=time, memory=memory, layers=layers)
+
+
 def page_data(p: CrossModelParams) -> dict:
     r = evaluate(p)
     s, l_ = MODELS[p.small], MODELS[p.large]
@@ -389,18 +416,20 @@ def page_data(p: CrossModelParams) -> dict:
               if be else {"context": [], "flops": [], "ms": []})
     memory = [("large model's weights", r["large_weight_bytes"]), ("maps", r["map_memory_bytes"]),
               ("small model's cache", r["small_cache_bytes"]), ("large model's cache", r["large_cache_bytes"])]
+    sources = {
+        "curve": c,
+        "here": {"context": [p.context, p.context], "flops": [r["reprefill_flops"], r["map_flops"]],
+                 "ms": [r["reprefill_seconds"] * 1e3, r["map_seconds"] * 1e3],
+                 "text": [f"re-prefill {_t(r['reprefill_seconds'])}", f"map {_t(r['map_seconds'])}"],
+                 "dy": [4, -20]},                                  # labels above and below, never on top
+        "breakeven": be_row,
+        "memory": {"what": [m for m, _ in memory], "gb": [b / 1e9 for _, b in memory],
+                   "text": [bytes_si(b) for _, b in memory]},
+        "layers": {"large": list(range(l_.layers)), "small": r["layer_map"]},
+    }
     return {
-        "sources": {
-            "curve": c,
-            "here": {"context": [p.context, p.context], "flops": [r["reprefill_flops"], r["map_flops"]],
-                     "ms": [r["reprefill_seconds"] * 1e3, r["map_seconds"] * 1e3],
-                     "text": [f"re-prefill {_t(r['reprefill_seconds'])}", f"map {_t(r['map_seconds'])}"],
-                     "dy": [4, -20]},                                  # labels above and below, never on top
-            "breakeven": be_row,
-            "memory": {"what": [m for m, _ in memory], "gb": [b / 1e9 for _, b in memory],
-                       "text": [bytes_si(b) for _, b in memory]},
-            "layers": {"large": list(range(l_.layers)), "small": r["layer_map"]},
-        },
+        "sources": sources,
+        "texts": plot_summaries(sources),
         "ranges": {"layers_x": [-1, l_.layers], "layers_y": [-1, s.layers]},
         "formula": formula(p, r),
         "readouts": readouts(p, r),

@@ -11,8 +11,9 @@ REPREFILL, MAP = "#dc2626", "#2563eb"
 
 
 
-def _against_context(src, y: str, title: str, label: str, breakeven: bool):
+def _against_context(src, y: str, title: str, label: str, breakeven: bool, key: str):
     fig = figure(height=340, sizing_mode="stretch_width", x_axis_type="log", y_axis_type="log", toolbar_location=None,
+                 name=f"plot:{key}",
                  title=title, x_axis_label="context handed over (tokens, log scale)", y_axis_label=label)
     fig.line("context", f"reprefill_{y}", source=src["curve"], line_width=3, color=REPREFILL,
              legend_label="re-prefill on the large model")
@@ -31,15 +32,15 @@ def _against_context(src, y: str, title: str, label: str, breakeven: bool):
 
 def layout(params_cls, values: dict, data: dict):
     src = widgets.sources(data)
-    flops = _against_context(src, "flops", "FLOPs of the handoff", "FLOPs (log scale)", False)
+    flops = _against_context(src, "flops", "FLOPs of the handoff", "FLOPs (log scale)", False, "flops")
     flops.add_tools(HoverTool(tooltips=[("tokens", "@context{0,0}"), ("re-prefill", "@reprefill_flops{0.00e0}"),
                                         ("map", "@map_flops{0.00e0}")]))
-    time = _against_context(src, "ms", "Time of the handoff", "ms (log scale)", True)
+    time = _against_context(src, "ms", "Time of the handoff", "ms (log scale)", True, "time")
     time.add_tools(HoverTool(tooltips=[("tokens", "@context{0,0}"), ("re-prefill", "@reprefill_ms{0.000} ms"),
                                        ("map", "@map_ms{0.000} ms")]))
 
     names = data["sources"]["memory"]["what"]
-    memory = figure(height=260, sizing_mode="stretch_width", x_axis_type="log", toolbar_location=None,
+    memory = figure(height=260, sizing_mode="stretch_width", x_axis_type="log", toolbar_location=None, name="plot:memory",
                     y_range=FactorRange(*reversed(names)), title="Memory: the maps next to what they serve",
                     x_axis_label="GB (decimal, log scale)")
     memory.scatter("gb", "what", source=src["memory"], size=14, color="#6b7280")
@@ -49,7 +50,7 @@ def layout(params_cls, values: dict, data: dict):
 
     x0, x1 = data["ranges"]["layers_x"]
     y0, y1 = data["ranges"]["layers_y"]
-    layers = figure(height=260, sizing_mode="stretch_width", toolbar_location=None,
+    layers = figure(height=260, sizing_mode="stretch_width", toolbar_location=None, name="plot:layers",
                     x_range=Range1d(x0, x1, name="range:layers_x"), y_range=Range1d(y0, y1, name="range:layers_y"),
                     title="Which small-model layer each large-model layer's maps read",
                     x_axis_label="large-model layer", y_axis_label="small-model layer")
