@@ -18,6 +18,7 @@ from ..core.gpus import GPUS
 from ..core.limits import gpus_needed
 from ..core.models import MODELS, ModelPreset
 from ..core.params import Params, choice, integer, number
+from ..core.summaries import listing, sig, summaries
 from ..core.timing import decode_step, roofline_seconds
 from ..core.units import bytes_si, tokens
 
@@ -461,8 +462,40 @@ def frame_data(p: MLAParams, frame: int) -> dict:
         "sources": {"boxes": cols, "arrows": arrows},
         "animation": {"mode": "on_demand", "frames": len(st), "frame": k,
                       "caption": f"{k + 1}/{len(st)}. {now.title}. {now.caption}"},
-        "texts": {"step_costs": step_costs_text(now, s)},
+        "texts": {"step_costs": step_costs_text(now, s),
+                  **summaries(diagram=diagram_summary(cols, k, len(st), now.title))},
     }
+
+
+def diagram_summary(cols: dict, k: int, steps: int, title: str) -> str:
+    """The diagram at stage k in words, from its boxes: the ones outlined now, and how many are drawn so far."""
+    named = [(n, s, w, a) for n, s, w, a in zip(cols["name"], cols["shape"], cols["line_width"], cols["alpha"]) if n]
+    now = [f"{n} {s}" for n, s, w, _ in named if w >= 4]
+    seen = sum(a >= 0.4 for *_, a in named)
+    return (f"Stage {k + 1} of {steps}, “{title}”. Outlined now: " + (listing(now) or "nothing new") + f"; {seen} "
+            f"of {len(named)} tensors drawn so far.")
+
+
+def plot_summaries(sources: dict) -> dict:
+    """The charts in words, from the columns they draw."""
+    kd = sources["kinds"]
+    kinds = ("Per token, all layers, this model's shape would cache "
+             + listing([f"{sig(kb)} KB as {label}" for label, kb in zip(kd["label"], kd["kb"])]) + ".")
+    acc = sources["accounting"]
+    account = "; ".join(f"{what}: {text}" for what, text in zip(acc["what"], acc["text"])) + "."
+    pr = sources["presets"]
+    lo, hi = min(range(len(pr["kb"])), key=pr["kb"].__getitem__), max(range(len(pr["kb"])), key=pr["kb"].__getitem__)
+    mla = [f"{m} {sig(kb)} KB" for m, kb, kind in zip(pr["model"], pr["kb"], pr["kind"]) if kind == "MLA"]
+    every = (f"Of {len(pr['model'])} model presets, {pr['model'][lo]} caches the least per token "
+             f"({sig(pr['kb'][lo])} KB, {pr['kind'][lo]}) and {pr['model'][hi]} the most ({sig(pr['kb'][hi])} KB, "
+             f"{pr['kind'][hi]})" + (f"; the MLA models: {listing(mla)}." if mla else "."))
+    d, here = sources["decode"], sources["here"]
+    name = {f: FORM_TITLES[f].split(" (")[0] for f in FORMS}
+    decode = (f"From {tokens(d['context'][0])} to {tokens(d['context'][-1])} cached tokens, attention per decode step "
+              f"takes " + listing([f"{sig(d[f][0])} to {sig(d[f][-1])} ms {name[f]}" for f in FORMS])
+              + f"; at {tokens(here['context'][0])} tokens, "
+              + listing([f"{name[f]} {sig(x)} ms" for f, x in zip(FORMS, here["ms"])]) + ".")
+    return summaries(kinds=kinds, account=account, every=every, decode=decode)
 
 
 def step_costs_text(st: Step, s: MLAShape) -> str:
@@ -538,37 +571,39 @@ def page_data(p: MLAParams) -> dict:
     order = sorted(MODELS, key=lambda k: r["presets_bytes_per_token"][k])
     contexts = sorted(set(CURVE_CONTEXTS + [p.context]))
     b = dtype_bytes(p.kv_dtype)
+    sources = {
+        **at["sources"],
+        "bands": BANDS,
+        "kinds": {"kind": list(KINDS), "label": [kinds_label[k] for k in KINDS],
+                  "kb": [per[k] / 1e3 for k in KINDS],
+                  "text": [f"{kinds_label[k]}: {num(per[k])} B"
+                           + ("" if k == "MLA" else f" = {per[k] / per['MLA']:.1f}× MLA") for k in KINDS],
+                  "is_model": [k == m.attention for k in KINDS]},
+        "presets": {"model": [MODELS[k].title for k in order], "kind": [MODELS[k].attention for k in order],
+                    "kb": [r["presets_bytes_per_token"][k] / 1e3 for k in order],
+                    "text": [f"{num(r['presets_bytes_per_token'][k])} B ({MODELS[k].attention})"
+                             for k in order]},
+        "accounting": {
+            "what": ["DeepSeek 67B, GQA-8, BF16", "DeepSeek-V2, MLA, BF16", "DeepSeek-V2, MLA, 6 bits",
+                     "DeepSeek-V2, MLA, your dtype"],
+            "kb": [acc["baseline_bytes"] / 1e3, acc["v2_bf16_bytes"] / 1e3, acc["v2_deployed_bytes"] / 1e3,
+                   MODELS[PAPER_MODEL].kv_bytes_per_token(b) / 1e3],
+            "text": [f"{num(acc['baseline_bytes'])} B (the paper's baseline)",
+                     f"{num(acc['v2_bf16_bytes'])} B: {acc['saving_bf16']:.2%} smaller",
+                     f"{num(acc['v2_deployed_bytes'])} B: {acc['saving_deployed']:.2%} smaller",
+                     f"{dtype_name(p.kv_dtype)}: {num(MODELS[PAPER_MODEL].kv_bytes_per_token(b))} B, "
+                     f"{1 - MODELS[PAPER_MODEL].kv_bytes_per_token(b) / acc['baseline_bytes']:.2%} smaller"]},
+        "decode": {"context": contexts,
+                   **{f: [attention_seconds(s, f, c, p.kv_dtype, gpu, p.bandwidth_efficiency, p.mfu) * 1e3
+                          for c in contexts] for f in FORMS}},
+        "here": {"context": [p.context] * 3,
+                 "ms": [r["attention_seconds"][f] * 1e3 for f in FORMS],
+                 "text": [f"{r['attention_seconds'][f] * 1e3:.3g} ms" for f in FORMS]},
+    }
     return {
         **at,
-        "sources": {
-            **at["sources"],
-            "bands": BANDS,
-            "kinds": {"kind": list(KINDS), "label": [kinds_label[k] for k in KINDS],
-                      "kb": [per[k] / 1e3 for k in KINDS],
-                      "text": [f"{kinds_label[k]}: {num(per[k])} B"
-                               + ("" if k == "MLA" else f" = {per[k] / per['MLA']:.1f}× MLA") for k in KINDS],
-                      "is_model": [k == m.attention for k in KINDS]},
-            "presets": {"model": [MODELS[k].title for k in order], "kind": [MODELS[k].attention for k in order],
-                        "kb": [r["presets_bytes_per_token"][k] / 1e3 for k in order],
-                        "text": [f"{num(r['presets_bytes_per_token'][k])} B ({MODELS[k].attention})"
-                                 for k in order]},
-            "accounting": {
-                "what": ["DeepSeek 67B, GQA-8, BF16", "DeepSeek-V2, MLA, BF16", "DeepSeek-V2, MLA, 6 bits",
-                         "DeepSeek-V2, MLA, your dtype"],
-                "kb": [acc["baseline_bytes"] / 1e3, acc["v2_bf16_bytes"] / 1e3, acc["v2_deployed_bytes"] / 1e3,
-                       MODELS[PAPER_MODEL].kv_bytes_per_token(b) / 1e3],
-                "text": [f"{num(acc['baseline_bytes'])} B (the paper's baseline)",
-                         f"{num(acc['v2_bf16_bytes'])} B: {acc['saving_bf16']:.2%} smaller",
-                         f"{num(acc['v2_deployed_bytes'])} B: {acc['saving_deployed']:.2%} smaller",
-                         f"{dtype_name(p.kv_dtype)}: {num(MODELS[PAPER_MODEL].kv_bytes_per_token(b))} B, "
-                         f"{1 - MODELS[PAPER_MODEL].kv_bytes_per_token(b) / acc['baseline_bytes']:.2%} smaller"]},
-            "decode": {"context": contexts,
-                       **{f: [attention_seconds(s, f, c, p.kv_dtype, gpu, p.bandwidth_efficiency, p.mfu) * 1e3
-                              for c in contexts] for f in FORMS}},
-            "here": {"context": [p.context] * 3,
-                     "ms": [r["attention_seconds"][f] * 1e3 for f in FORMS],
-                     "text": [f"{r['attention_seconds'][f] * 1e3:.3g} ms" for f in FORMS]},
-        },
+        "sources": sources,
+        "texts": {**at["texts"], **plot_summaries(sources)},
         "ranges": {"diagram_x": [-2, diagram_extent(s, p.context) + 2]},
         "formula": formula(p, r),
         "readouts": readouts(p, r),

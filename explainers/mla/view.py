@@ -18,7 +18,7 @@ FORM_COLORS = {"naive": "#dc2626", "materialized": "#6b7280", "absorbed": "#7c3a
 
 
 def _diagram(src, x_range):
-    fig = figure(height=660, sizing_mode="stretch_width", x_range=Range1d(*x_range, name="range:diagram_x"),
+    fig = figure(height=660, sizing_mode="stretch_width", x_range=Range1d(*x_range, name="range:diagram_x"), name="plot:diagram",
                  y_range=Range1d(-122, 19),
                  toolbar_location=None, x_axis_location=None, y_axis_location=None, min_border_left=10, title="One decode step of one MLA layer (box sides ∝ √ of each dimension; "
                                               "S = cached tokens)")
@@ -47,7 +47,7 @@ def layout(params_cls, values: dict, data: dict):
     costs.styles = {**costs.styles, "white-space": "pre-line", "font-size": "16px", "background": "#f3f4f6",
                     "padding": "8px 12px", "border-radius": "6px"}
 
-    kinds = figure(height=300, sizing_mode="stretch_width", y_range=FactorRange(*reversed(ATTENTION_KINDS)),
+    kinds = figure(height=300, sizing_mode="stretch_width", y_range=FactorRange(*reversed(ATTENTION_KINDS)), name="plot:kinds",
                    x_range=DataRange1d(start=0, range_padding=1.4, range_padding_units="percent"),
                    toolbar_location=None, title="Bytes per token, this model's shape four ways",
                    x_axis_label="KB per token (decimal), all layers")
@@ -57,7 +57,7 @@ def layout(params_cls, values: dict, data: dict):
                               text_font_size="14px"))
 
     names = data["sources"]["accounting"]["what"]
-    account = figure(height=300, sizing_mode="stretch_width", y_range=FactorRange(*reversed(names)),
+    account = figure(height=300, sizing_mode="stretch_width", y_range=FactorRange(*reversed(names)), name="plot:account",
                      x_range=DataRange1d(start=0, range_padding=0.8, range_padding_units="percent"),
                      toolbar_location=None, title="The paper's 93.3%: DeepSeek-V2 against DeepSeek 67B",
                      x_axis_label="KB per token (decimal), all layers")
@@ -67,7 +67,7 @@ def layout(params_cls, values: dict, data: dict):
                                 text_font_size="14px"))
 
     presets = data["sources"]["presets"]["model"]
-    every = figure(height=470, sizing_mode="stretch_width", y_range=FactorRange(*presets),
+    every = figure(height=470, sizing_mode="stretch_width", y_range=FactorRange(*presets), name="plot:every",
                    x_range=DataRange1d(start=0, range_padding=0.45, range_padding_units="percent"),
                    toolbar_location=None, title="Every model preset's own cache per token, at the chosen dtype",
                    x_axis_label="KB per token (decimal), all layers")
@@ -77,7 +77,7 @@ def layout(params_cls, values: dict, data: dict):
                               text_font_size="13px"))
     every.legend.location = "bottom_right"
 
-    decode = figure(height=360, sizing_mode="stretch_width", x_axis_type="log", y_axis_type="log",
+    decode = figure(height=360, sizing_mode="stretch_width", x_axis_type="log", y_axis_type="log", name="plot:decode",
                     toolbar_location=None, title="Attention time per decode step, all layers (roofline model)",
                     x_axis_label="cached tokens (log scale)", y_axis_label="ms per decode step (log)")
     for form in FORMS:
