@@ -20,6 +20,7 @@ from ..core.dtypes import DTYPE_BITS, dtype_bits, dtype_bytes
 from ..core.limits import kept_tokens
 from ..core.models import MODELS, ModelPreset
 from ..core.params import Params, choice, integer, number
+from ..core.summaries import listing, pct, sig, summaries
 from ..core.units import bytes_both, bytes_iec, bytes_si, thousands, tokens
 
 SLUG = "cross-layer"
@@ -302,40 +303,82 @@ def page_data(p: CrossLayerParams) -> dict:
     t1 = table1()
     highlight = {"imposed-1": p.share == 1, "imposed-2": p.share == 2, "imposed-4": p.share == 4,
                  "aligned-2": p.share == 2, "trained-in": p.share == 2}
+    sources = {
+        "stages": {"stage": [s["stage"] for s in st], "bytes": [s["bytes"] for s in st], "before": prev,
+                   "one": [1.0] * len(st),
+                   "label": [f"{thousands(s['bytes'], 0 if s['bytes'] >= 100 else 2)} B"
+                             + ("" if s["factor"] == 1 else f"  (×{_factor(s['factor'])})") + f"  {s['what']}"
+                             for s in st]},
+        "memory": curves(p),
+        "here": {"context": [p.context], "gb": [r["total_bytes"] / 1e9],
+                 "text": [f"{bytes_si(r['total_bytes'])} = {bytes_iec(r['total_bytes'])}"]},
+        "heat_k": heat(b, "k", p.measure),
+        "heat_v": heat(b, "v", p.measure),
+        "loss": {"label": [x["label"] for x in rows], "bits": [x["bits_per_byte"] for x in rows],
+                 "recall": [x["recall_byte_acc"] for x in rows],
+                 "alpha": [1.0 if highlight[x["key"]] else 0.45 for x in rows],
+                 "text": [f"{x['bits_per_byte']:.3f} bits/byte, {_pct(x['memory_fraction'])} of the cache"
+                          for x in rows],
+                 "recall_text": [f"{_pct(x['recall_byte_acc'])} of bytes, {_pct(x['recall_value_acc'])} of values"
+                                 for x in rows]},
+        "paper": {"bytes": [row["bytes"] for row in t1], "perplexity": [row["perplexity"] for row in t1],
+                  "model": [row["model"] for row in t1],
+                  "label": [row["model"] if row["model"] in TABLE1_LABELLED else "" for row in t1],
+                  "color": ["#dc2626" if row["share"] > 1 else "#2563eb" for row in t1],
+                  "group": ["with CLA (reported)" if row["share"] > 1 else "without CLA (reported)" for row in t1]},
+    }
     return {
-        "sources": {
-            "stages": {"stage": [s["stage"] for s in st], "bytes": [s["bytes"] for s in st], "before": prev,
-                       "one": [1.0] * len(st),
-                       "label": [f"{thousands(s['bytes'], 0 if s['bytes'] >= 100 else 2)} B"
-                                 + ("" if s["factor"] == 1 else f"  (×{_factor(s['factor'])})") + f"  {s['what']}"
-                                 for s in st]},
-            "memory": curves(p),
-            "here": {"context": [p.context], "gb": [r["total_bytes"] / 1e9],
-                     "text": [f"{bytes_si(r['total_bytes'])} = {bytes_iec(r['total_bytes'])}"]},
-            "heat_k": heat(b, "k", p.measure),
-            "heat_v": heat(b, "v", p.measure),
-            "loss": {"label": [x["label"] for x in rows], "bits": [x["bits_per_byte"] for x in rows],
-                     "recall": [x["recall_byte_acc"] for x in rows],
-                     "alpha": [1.0 if highlight[x["key"]] else 0.45 for x in rows],
-                     "text": [f"{x['bits_per_byte']:.3f} bits/byte, {_pct(x['memory_fraction'])} of the cache"
-                              for x in rows],
-                     "recall_text": [f"{_pct(x['recall_byte_acc'])} of bytes, {_pct(x['recall_value_acc'])} of values"
-                                     for x in rows]},
-            "paper": {"bytes": [row["bytes"] for row in t1], "perplexity": [row["perplexity"] for row in t1],
-                      "model": [row["model"] for row in t1],
-                      "label": [row["model"] if row["model"] in TABLE1_LABELLED else "" for row in t1],
-                      "color": ["#dc2626" if row["share"] > 1 else "#2563eb" for row in t1],
-                      "group": ["with CLA (reported)" if row["share"] > 1 else "without CLA (reported)" for row in t1]},
-        },
+        "sources": sources,
         "ranges": {"stages_x": [1, 10 ** (math.log10(max(s["bytes"] for s in st)) / 0.6)]},
         "formula": formula(p, r, st),
         "readouts": readouts(p, r),
         "notes": notes(p, r),
-        "texts": {"similarity": similarity_text(b, p.measure), "measured": measured_text(b, p.share)},
+        "texts": {"similarity": similarity_text(b, p.measure), "measured": measured_text(b, p.share),
+                  **plot_summaries(sources, MEASURE_TITLES[p.measure])},
         "run": {"kernel": "cross-layer", "request": dict(RUN_REQUEST)},
         "baked_label": provenance_label(b)[0].upper() + provenance_label(b)[1:],
         "recall_chance": b["data"]["recall_chance"],
     }
+
+
+CURVE_WORDS = {"raw": "its own attention in bf16", "s1": "the chosen precision and kept tokens",
+               "s2": "with 1:2 sharing", "s4": "with 1:4 sharing"}
+
+
+def plot_summaries(sources: dict, measure: str) -> dict:
+    """Each plot in words, from the columns it draws."""
+    st = sources["stages"]
+    names = [name.split(". ", 1)[-1] for name in st["stage"]]
+    stages = (f"Bytes cached per token of context: {thousands(st['bytes'][0])} B with {names[0]}, then "
+              + listing([f"{thousands(b, 0 if b >= 100 else 2)} B after {n}"
+                         for n, b in zip(names[1:], st["bytes"][1:])]) + ".")
+    m, here = sources["memory"], sources["here"]
+    memory = (f"All sessions' caches at {thousands(here['context'][0])} tokens of context: {here['text'][0]} (the dot). "
+              f"At {thousands(m['context'][-1])} tokens: " + listing([f"{sig(m[k][-1])} GB {w}"
+                                                                      for k, w in CURVE_WORDS.items()]) + ".")
+    pp = sources["paper"]
+    groups = {}
+    for b, ppl, model, group in zip(pp["bytes"], pp["perplexity"], pp["model"], pp["group"]):
+        groups.setdefault(group, []).append((b, ppl, model))
+    paper = ("Brandon et al.'s 1B models, bytes per token against perplexity: " + "; ".join(
+        f"{len(rows)} {g.replace(' (reported)', '')}, from {thousands(max(rows)[0])} B ({max(rows)[2]}, perplexity "
+        f"{max(rows)[1]:.2f}) down to {thousands(min(rows)[0])} B ({min(rows)[2]}, {min(rows)[1]:.2f})"
+        for g, rows in groups.items()) + ".")
+
+    def heat_text(part: str, h: dict) -> str:
+        off = [(v, y, x) for x, y, v in zip(h["x"], h["y"], h["value"]) if x < y]
+        hi, lo = max(off), min(off)
+        return (f"{part} of the {max(h['x']) + 1} layers compared by {measure}: off the diagonal from {lo[0]:.2f} "
+                f"(layers {lo[2]} and {lo[1]}) to {hi[0]:.2f} (layers {hi[2]} and {hi[1]}).")
+    loss = sources["loss"]
+    solid = [lab for lab, a in zip(loss["label"], loss["alpha"]) if a == 1.0]
+    chosen = f" Solid, for the chosen sharing: {'; '.join(solid)}." if solid else ""
+    bits = ("Held-out bits per byte: " + "; ".join(f"{lab}: {b:.3f}" for lab, b in zip(loss["label"], loss["bits"]))
+            + "." + chosen)
+    recall = ("Planted value bytes recalled: " + "; ".join(f"{lab}: {pct(r)}" for lab, r in
+                                                           zip(loss["label"], loss["recall"])) + "." + chosen)
+    return summaries(stages=stages, memory=memory, paper=paper, heat_k=heat_text("Keys", sources["heat_k"]),
+                     heat_v=heat_text("Values", sources["heat_v"]), loss=bits, recall=recall)
 
 
 def _factor(f: float) -> str:

@@ -21,7 +21,7 @@ LINES = {"raw": ("#6b7280", "its own attention in bf16, every layer caching"),
 def _waterfall(src, data):
     names = data["sources"]["stages"]["stage"]
     x0, x1 = data["ranges"]["stages_x"]
-    fig = figure(height=300, sizing_mode="stretch_width", x_axis_type="log", toolbar_location=None,
+    fig = figure(height=300, sizing_mode="stretch_width", x_axis_type="log", toolbar_location=None, name="plot:stages",
                  y_range=FactorRange(*reversed(names)), x_range=Range1d(x0, x1, name="range:stages_x"),
                  title="Bytes cached per token of context, one axis at a time (light: what that step removed)",
                  x_axis_label="bytes per token, all layers (log scale)")
@@ -36,7 +36,7 @@ def _waterfall(src, data):
 
 def _memory(src):
     fig = figure(height=380, sizing_mode="stretch_width", x_axis_type="log", y_axis_type="log", toolbar_location=None,
-                 title="All sessions' caches against context", x_axis_label="context per session (tokens, log scale)",
+                 name="plot:memory", title="All sessions' caches against context", x_axis_label="context per session (tokens, log scale)",
                  y_axis_label="GB (decimal, log scale)")
     for key, (color, label) in LINES.items():
         fig.line("context", key, source=src["memory"], line_width=3, color=color, legend_label=label,
@@ -51,7 +51,7 @@ def _memory(src):
 
 
 def _paper(src):
-    fig = figure(height=380, sizing_mode="stretch_width", x_axis_type="log", toolbar_location=None,
+    fig = figure(height=380, sizing_mode="stretch_width", x_axis_type="log", toolbar_location=None, name="plot:paper",
                  title="Brandon et al. 2024, Table 1 (1B models)",
                  x_axis_label="KV bytes per token, 16-bit, by this page's formula (log scale)",
                  y_axis_label="validation perplexity (as reported)")
@@ -68,6 +68,7 @@ def _paper(src):
 
 def _heat(src, key: str, title: str, n: int):
     fig = figure(width=430, height=420, sizing_mode="scale_width", max_width=560, toolbar_location=None, title=title,
+                 name=f"plot:{key}",
                  x_range=Range1d(-0.5, n - 0.5), y_range=Range1d(n - 0.5, -0.5),
                  x_axis_label="layer", y_axis_label="layer")
     fig.rect("x", "y", 0.96, 0.96, source=src[key], fill_color="color", line_color=None)
@@ -80,8 +81,9 @@ def _heat(src, key: str, title: str, n: int):
     return widgets.readable_figure(fig)
 
 
-def _bars(src, labels, field: str, text: str, title: str, axis: str, end: float, chance: float | None = None):
-    fig = figure(height=300, sizing_mode="stretch_width", y_range=FactorRange(*reversed(labels)),
+def _bars(src, labels, field: str, text: str, title: str, axis: str, end: float, chance: float | None = None,
+          key: str = ""):
+    fig = figure(height=300, sizing_mode="stretch_width", y_range=FactorRange(*reversed(labels)), name=f"plot:{key}",
                  x_range=Range1d(0, end), toolbar_location=None, title=title, x_axis_label=axis)
     fig.hbar(y="label", right=field, height=0.62, color=REMAINING, fill_alpha="alpha", line_alpha="alpha",
              source=src["loss"])
@@ -103,9 +105,9 @@ def layout(params_cls, values: dict, data: dict):
     heat_k = _heat(src, "heat_k", "Keys (K): layer against layer", n)
     heat_v = _heat(src, "heat_v", "Values (V): layer against layer", n)
     loss = _bars(src, labels, "bits", "text", "Held-out text: bits per byte (lower is better)",
-                 "bits per byte", bits_end)
+                 "bits per byte", bits_end, key="loss")
     recall = _bars(src, labels, "recall", "recall_text", "Recall: planted value bytes continued correctly",
-                   "share of value bytes (dashed red line: chance, 1 in 64)", 2.5, chance=data["recall_chance"])
+                   "share of value bytes (dashed red line: chance, 1 in 64)", 2.5, chance=data["recall_chance"], key="recall")
     recall.xaxis.formatter = NumeralTickFormatter(format="0%")
     recall.xaxis.ticker = FixedTicker(ticks=[0, 0.25, 0.5, 0.75, 1])
     header = Div(text=f"<h2 style='margin:18px 0 4px;font-size:20px;border:0;padding:0'>Measured on the project's own trained models</h2>"
