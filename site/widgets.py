@@ -180,27 +180,36 @@ def plots_row(*children):
 def plot_summaries(layout):
     """Each plot named `plot:<key>` gets its summary right under it: the model's sentence
     (data["texts"]["summary:<key>"], explainers/core/summaries.py) in a modest caption, which the plot's
-    aria-describedby points at, so a screen reader reads it with the plot. Runs once per layout."""
+    aria-describedby points at, so a screen reader reads it with the plot. Two plots that show the same thing
+    two ways (one for a wide screen, one for a phone, only one visible) share a key: the caption goes under the
+    last of them and both point at it. Runs once per layout."""
     from bokeh.models import Column, Plot, Row
     from kvx.explainers.core.summaries import text_name
 
-    def caption(plot):
-        key = plot.name[len("plot:"):]
-        plot.html_attributes = {**plot.html_attributes, "aria-describedby": f"kvx-summary-{key}"}
-        note = Div(text="", name=f"text:{text_name(key)}", html_id=f"kvx-summary-{key}", sizing_mode="stretch_width",
-                   styles={"font-size": "15px", "color": "#374151"})
-        return column(plot, note, sizing_mode="stretch_width", spacing=0)
+    def named(child):
+        return (isinstance(child, Plot) and (child.name or "").startswith("plot:")
+                and "aria-describedby" not in child.html_attributes)
 
-    def walk(box):
-        kids = list(box.children)
-        for i, child in enumerate(kids):
-            if isinstance(child, Plot) and (child.name or "").startswith("plot:") \
-                    and "aria-describedby" not in child.html_attributes:
-                kids[i] = caption(child)
+    def walk(box, visit):
+        for i, child in enumerate(list(box.children)):
+            if named(child):
+                visit(box, i, child)
             elif isinstance(child, (Row, Column)):
-                walk(child)
-        box.children = kids
-    walk(layout)
+                walk(child, visit)
+
+    last = {}
+    walk(layout, lambda box, i, plot: last.__setitem__(plot.name, plot))
+
+    def caption(box, i, plot):
+        key = plot.name[len("plot:"):]
+        if last[plot.name] is plot:
+            note = Div(text="", name=f"text:{text_name(key)}", html_id=f"kvx-summary-{key}",
+                       sizing_mode="stretch_width", styles={"font-size": "15px", "color": "#374151"})
+            kids = list(box.children)
+            kids[i] = column(plot, note, sizing_mode="stretch_width", spacing=0)
+            box.children = kids
+        plot.html_attributes = {**plot.html_attributes, "aria-describedby": f"kvx-summary-{key}"}
+    walk(layout, caption)
     return layout
 
 

@@ -16,6 +16,7 @@ import math
 
 from ..core import baked
 from ..core.params import ParamError, Params, choice, integer, number
+from ..core.summaries import listing, pct, sig, summaries
 from ..core.units import bytes_si, thousands
 
 SLUG = "eviction"
@@ -238,29 +239,96 @@ def page_data(p: EvictionParams) -> dict:
             "label": [f"{SHORT[p.policy]} at {r['budget_percent']}%: {r['text_loss_bits']:.3f} bits/byte"]}
     full_loss = d["text"]["results"]["full"]["loss_bits"][0]
     full_recall = d["recall"]["results"]["full"]["recall_byte_acc"][0]
+    sources = {
+        **at["sources"],
+        "curve": curves(),
+        "reference": {"budget": [0, 100], "loss": [full_loss, full_loss], "top1": [1.0, 1.0],
+                      "recall": [full_recall, full_recall], "chance": [d["recall"]["chance"]] * 2},
+        "here": here,
+        "map": attention_cells(p.layer),
+        "band": evicted_band(kept, seq_len),
+        "strip": strip(kept),
+        "needles": {"left": [s for s, _ in d["shown"]["needles"]], "right": [e for _, e in d["shown"]["needles"]]},
+        "received": received(p, kept),
+        "sinks": sinks_source(),
+    }
     return {
         **at,
-        "sources": {
-            **at["sources"],
-            "curve": curves(),
-            "reference": {"budget": [0, 100], "loss": [full_loss, full_loss], "top1": [1.0, 1.0],
-                          "recall": [full_recall, full_recall], "chance": [d["recall"]["chance"]] * 2},
-            "here": here,
-            "map": attention_cells(p.layer),
-            "band": evicted_band(kept, seq_len),
-            "strip": strip(kept),
-            "needles": {"left": [s for s, _ in d["shown"]["needles"]], "right": [e for _, e in d["shown"]["needles"]]},
-            "received": received(p, kept),
-            "sinks": sinks_source(),
-        },
+        "sources": sources,
         "ranges": {},
         "formula": formula(p, r),
         "readouts": readouts(p, r),
         "notes": notes(p, r),
         "texts": {**at["texts"], "findings": findings(p), "provenance": provenance_html(),
-                  "rule": rule_text(p)},
+                  "rule": rule_text(p), **plot_summaries(sources, p.layer)},
         "run": {"kernel": "eviction", "request": run_request(p)},
     }
+
+
+def plot_summaries(sources: dict, layer: int) -> dict:
+    """The map and the plots against budget in words, from the columns they draw."""
+    strip_, needles = sources["strip"], sources["needles"]
+    prompt = max(strip_["right"])
+    kept_at = {j for a, b, st in zip(strip_["left"], strip_["right"], strip_["state"]) if st == "kept"
+               for j in range(a, b)}
+    secret = [j for a, b in zip(needles["left"], needles["right"]) for j in range(a, b)]
+    runs_ = sum(st == "evicted" for st in strip_["state"])
+    cells = sources["map"]
+    seq = max(cells["x"]) + min(cells["x"])
+    kept = (f"the policy keeps {len(kept_at)} of the prompt's {prompt} tokens ({pct(len(kept_at) / prompt)}) and "
+            f"evicts the other {prompt - len(kept_at)} in {runs_} {'run' if runs_ == 1 else 'runs'}, hidden from the "
+            f"{thousands(seq - prompt)} question tokens after the cut" if runs_ else
+            f"the policy keeps all {prompt} of the prompt's tokens for the {thousands(seq - prompt)} question tokens "
+            f"after the cut")
+    amap = (f"Layer {layer}'s attention over a {thousands(seq)}-token sequence: {kept}; "
+            f"{sum(j in kept_at for j in secret)} of the {len(secret)} tokens in the {len(needles['left'])} SECRET "
+            f"lines are kept.")
+    rc = sources["received"]
+    in_secret = set(secret)
+
+    def share(col, keep):
+        total = sum(col)
+        return sum(v for x, v, st in zip(rc["x"], col, rc["state"]) if keep(x, st)) / total if total else 0.0
+    top = max(range(len(rc["score"])), key=rc["score"].__getitem__)
+    score = (f"The prompt's own queries give the most attention to position {top} ({_char(rc['char'][top])}, summed "
+             f"weight {sig(rc['score'][top])}); the kept tokens hold {pct(share(rc['score'], lambda x, st: st == 'kept'))} "
+             f"of all that weight.")
+    recv = (f"The questions give {pct(share(rc['mass'], lambda x, st: st == 'kept'))} of their attention to kept tokens "
+            f"and {pct(share(rc['mass'], lambda x, st: x in in_secret))} to the SECRET lines, whose kept tokens get "
+            f"{pct(share(rc['mass'], lambda x, st: x in in_secret and st == 'kept'))}.")
+    sk = sources["sinks"]
+    sinks = ("Share of each query's attention on the first 4 tokens: " + listing([f"{name} {sig(v)}%" for name, v in
+                                                                                 zip(sk["layer"], sk["first_4"])])
+             + f", against {sig(sk['uniform'][0])}% if attention were spread evenly.")
+    c, ref, here = sources["curve"], sources["reference"], sources["here"]
+    at = c["budget"][0]
+    words = {"loss": ("Bits per byte on held-out text", lambda v: f"{v:.3f}"),
+             "top1": ("Top-1 agreement with the full cache", pct),
+             "recall": ("Answer bytes recalled", pct)}
+    out = {}
+    for key, (what, fmt) in words.items():
+        out[key] = (f"{what} at a {at}% budget: " + listing([f"{SHORT[n]} {fmt(c[f'{key}_{n}'][0])}"
+                                                             for n in POLICIES if n != "full"])
+                    + f"; the full cache {fmt(ref[key][0])}. The chosen policy, {here['label'][0].split(':')[0]}: "
+                      f"{fmt(here[key][0])}." + (f" Chance is {fmt(ref['chance'][0])}." if key == "recall" else ""))
+    return summaries(amap=amap, score=score, recv=recv, sinks=sinks, **out)
+
+
+def decode_summaries(sources: dict, k: int, steps: int, prompt: int) -> dict:
+    """The decode raster at frame k and the loss so far, in words, from what they draw."""
+    life = sources["life"]
+    cached = [a for a, st in zip(life["left"], life["state"]) if st != "evicted"]
+    evicted = sum(st == "evicted" for st in life["state"]) + len(sources["cut"]["left"])
+    marks = dict(zip(sources["marks"]["what"], sources["marks"]["x"]))
+    now = "" if "evicted now" not in marks else f"; position {int(marks['evicted now'])} is evicted at this step"
+    raster = (f"After decode step {k} of {steps}: the cache holds {len(cached)} tokens, "
+              f"{sum(a < prompt for a in cached)} from the {prompt}-token prompt and {sum(a >= prompt for a in cached)} "
+              f"decoded; {evicted} have been evicted{now}.")
+    sl = sources["steploss"]
+    steploss = (f"Mean loss of the decoded bytes over {len(sl['step'])} steps: this policy {sl['policy'][-1]:.3f} "
+                f"bits per byte, the full cache {sl['full'][-1]:.3f}; after the first step {sl['policy'][0]:.3f} "
+                f"and {sl['full'][0]:.3f}.")
+    return summaries(raster=raster, steploss=steploss)
 
 
 # ---- decoding with a bounded cache: on-demand frames -----------------------------------------------------
@@ -344,13 +412,15 @@ def frame_data(p: EvictionParams, frame: int) -> dict:
         marks["x"].append(victim + 0.5)
         marks["y"].append(k + 0.5)
         marks["what"].append("evicted now")
+    sources = {"life": life, "cut": cut, "marks": marks,
+               "cursor": {"step": [k, k], "bits": [0, max(cumulative["policy"] + cumulative["full"] + [1])]},
+               "steploss": cumulative}
     return {
-        "sources": {"life": life, "cut": cut, "marks": marks,
-                    "cursor": {"step": [k, k], "bits": [0, max(cumulative["policy"] + cumulative["full"] + [1])]},
-                    "steploss": cumulative},
+        "sources": sources,
         "animation": {"mode": "on_demand", "frames": frames(), "frame": k,
                       "caption": caption(p, k, st, now, victim)},
-        "texts": {"decode_text": decode_html(chars, now, k, prompt, victim)},
+        "texts": {"decode_text": decode_html(chars, now, k, prompt, victim),
+                  **decode_summaries(sources, k, frames() - 1, prompt)},
     }
 
 

@@ -20,7 +20,7 @@ STATES = CategoricalColorMapper(factors=["kept", "evicted"], palette=["#16a34a",
 
 
 def _against_budget(src, key: str, title: str, label: str, percent: bool):
-    fig = figure(height=330, sizing_mode="stretch_width", toolbar_location=None, title=title,
+    fig = figure(height=330, sizing_mode="stretch_width", toolbar_location=None, title=title, name=f"plot:{key}",
                  x_axis_label="budget (% of the prompt's tokens kept)", y_axis_label=label, x_range=Range1d(0, 103))
     for name in POLICIES:
         if name == "full":
@@ -51,7 +51,7 @@ def layout(params_cls, values: dict, data_: dict):
 
     # The attention map of one recall sequence, with what the questions can no longer see greyed out.
     mapper = LogColorMapper(palette=Magma256[::-1], low=1e-4, high=1.0)
-    amap = figure(height=620, sizing_mode="stretch_width", toolbar_location=None,
+    amap = figure(height=620, sizing_mode="stretch_width", toolbar_location=None, name="plot:amap",
                   title="Attention in the chosen layer (mean over heads; each cell 16 queries × 16 keys)",
                   x_axis_label="key position (the token attended to)", y_axis_label="query position (the token attending)",
                   x_range=Range1d(-2, seq_len + 2), y_range=Range1d(seq_len + 2, -62))
@@ -74,8 +74,9 @@ def layout(params_cls, values: dict, data_: dict):
     amap.add_tools(HoverTool(tooltips=[("keys from", "@x{0}"), ("queries from", "@y{0}"), ("mass", "@mass{0.0000}")],
                              renderers=[amap.renderers[0]]))
 
-    def _received(y: str, title: str, label: str, low: float, high: float, fmt: str):
+    def _received(y: str, title: str, label: str, low: float, high: float, fmt: str, key: str):
         fig = figure(height=300, sizing_mode="stretch_width", toolbar_location=None, y_axis_type="log", title=title,
+                     name=f"plot:{key}",
                      x_axis_label="prompt position", y_axis_label=label, x_range=Range1d(-2, prefix + 2),
                      y_range=Range1d(low, high))
         fig.quad(left="left", right="right", bottom=low, top=high, source=src["needles"], fill_color="#fde68a",
@@ -91,11 +92,11 @@ def layout(params_cls, values: dict, data_: dict):
         return widgets.readable_figure(fig)
 
     score = _received("score", "Accumulated attention from the prompt's queries (H2O's score)",
-                      "summed weight (log)", 1e-4, 1e3, "0.000")
+                      "summed weight (log)", 1e-4, 1e3, "0.000", "score")
     recv = _received("mass", "Attention from the questions (what recall needs)", "mean weight (log)", 1e-6, 1.0,
-                     "0.00000")
+                     "0.00000", "recv")
 
-    sinks = figure(height=300, sizing_mode="stretch_width", toolbar_location=None,
+    sinks = figure(height=300, sizing_mode="stretch_width", toolbar_location=None, name="plot:sinks",
                    x_range=FactorRange(*data_["sources"]["sinks"]["layer"]),
                    title="Share of attention on the first 4 tokens (held-out text)",
                    y_axis_label="% of each query's attention")
@@ -116,7 +117,7 @@ def layout(params_cls, values: dict, data_: dict):
                              True)
 
     # Decoding with a bounded cache.
-    raster = figure(height=560, sizing_mode="stretch_width", toolbar_location=None,
+    raster = figure(height=560, sizing_mode="stretch_width", toolbar_location=None, name="plot:raster",
                     title=f"A {d['decode']['budget']}-token cache while decoding (one bar per token: when it was cached)",
                     x_axis_label="token position", y_axis_label="decode step (time runs down)",
                     x_range=Range1d(-1, d["decode"]["length"] + 1),
@@ -135,7 +136,7 @@ def layout(params_cls, values: dict, data_: dict):
     raster.legend.location = "top_right"
     raster.legend.background_fill_alpha = 0.8
 
-    steploss = figure(height=260, sizing_mode="stretch_width", toolbar_location=None,
+    steploss = figure(height=260, sizing_mode="stretch_width", toolbar_location=None, name="plot:steploss",
                       title="Mean loss of the decoded bytes so far", x_axis_label="decode step",
                       y_axis_label="bits per byte")
     steploss.line("step", "full", source=src["steploss"], line_width=2, line_dash="dashed", color=COLORS["full"],
