@@ -7,8 +7,11 @@
 // worker imports it from there rather than from a fixed relative path.
 
 let pageJson = null;
+let warmUpValues = () => [];
 let starting = null;
 let current = null;          // the id of the request Python is working on
+let asked = false;           // a real request has come: the warm-up stops
+const WARM_UP_MS = 1500;     // the warm-up's budget after ready (one to two seconds of a reader's reading)
 // A long replay (a big uploaded trace) reports how far it is; the page shows it while Python works.
 self.kvxProgress = (share, text) => self.postMessage({ type: "progress", id: current, share, text });
 
@@ -18,7 +21,7 @@ const INSTALL = `
 import importlib, site, zipfile
 zipfile.ZipFile("/tmp/kvx_models.whl").extractall(site.getsitepackages()[0])
 importlib.invalidate_caches()
-from kvx.explainers.registry import page_json
+from kvx.explainers.registry import page_json, warm_up_values
 import js
 from kvx.explainers.core import traces
 traces.progress = lambda share, text: js.kvxProgress(share, text)
@@ -55,6 +58,11 @@ async function start(wheelURL, pyodideURL, snapshotURL) {
   const { pyodide, from } = await boot(loadPyodide, pyodideURL, snapshotURL);
   pyodide.FS.writeFile("/tmp/kvx_models.whl", new Uint8Array(await wheel));
   pageJson = pyodide.runPython(INSTALL);
+  const values = pyodide.globals.get("warm_up_values");
+  warmUpValues = (slug) => {
+    const list = values(slug);
+    try { return list.toJs({ dict_converter: Object.fromEntries }); } finally { list.destroy(); }
+  };
   return { ms: performance.now() - t0, from };
 }
 
@@ -70,10 +78,19 @@ self.onmessage = async (event) => {
     }
   } else if (msg.type === "warm") {
     // Right after ready, with nothing asked yet: the first evaluation pays for lazy imports and cold
-    // caches (7-181 ms measured), so pay it now rather than on the reader's first change.
+    // caches (7-181 ms measured), so pay it now rather than on the reader's first change. Then a few
+    // evaluations at other seeds (registry.warm_up_values: why), one task each, so a real change that
+    // comes meanwhile waits for one evaluation at most, and none after it.
     await starting;
     try { pageJson(msg.slug, JSON.stringify(msg.params)); } catch (err) { /* a real run will report it */ }
+    const t0 = performance.now();
+    for (const change of warmUpValues(msg.slug)) {
+      await new Promise((resolve) => setTimeout(resolve, 0));
+      if (asked || performance.now() - t0 > WARM_UP_MS) break;
+      try { pageJson(msg.slug, JSON.stringify({ ...msg.params, ...change })); } catch (err) { break; }
+    }
   } else if (msg.type === "run") {
+    asked = true;
     await starting;
     // page_json never raises: a bad value comes back as {ok: false, field, message}. What can still
     // fail is Pyodide itself (out of memory, a fatal error): the page then replaces this worker.
