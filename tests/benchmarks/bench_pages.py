@@ -78,23 +78,37 @@ def ready_ms(page, url: str, retry: bool = True) -> dict:
             "boot": page.evaluate("document.documentElement.dataset.kvxBoot || null")}
 
 
+def _spread(spec: dict, changes: int) -> list[str]:
+    """Distinct values from just above the default to four times it (or the maximum), spread out."""
+    lo = spec["default"]
+    hi = min(spec["max"], lo * 4) if lo > 0 else spec["max"]
+    if spec["kind"] == "integer":
+        hi = max(lo + 2, hi)
+        raw = [str(lo + 1 + i * 997 % (hi - lo)) for i in range(changes)]
+    else:
+        raw = [repr(round(lo + (hi - lo) * (0.05 + 0.95 * (i * 0.6180339887 % 1)), 3)) for i in range(changes)]
+    return list(dict.fromkeys(raw))
+
+
 def values_to_try(slug: str, changes: int) -> tuple[str, list[str]]:
-    """A parameter and a new value for each change (a repeated value fires no change event)."""
+    """A parameter and a new value for each change, all different where the page allows it: a repeated value
+    would be answered from the model's caches, and a value equal to the last fires no change event.
+
+    The first integer parameter with `changes` distinct values the model accepts (CPython's page_json decides,
+    the same model the page runs); else the integer or number parameter with the most; else a choice."""
     specs = REGISTRY[slug].params.describe()
-    spec = next((s for s in specs if s["kind"] == "integer" and s["default"] is not None and s["default"] > 0), None)
-    if spec is not None:
-        lo, hi = spec["default"], max(spec["default"] + 2, min(spec["max"], spec["default"] * 4))
-        values = [str(lo + 1 + i * 997 % (hi - lo)) for i in range(changes)]
-        # Only values the model accepts (a refused one draws nothing to time): CPython's page_json decides,
-        # the same model the page runs. Neighbours differ, so each one fires a change.
-        ok = [v for v in values if json.loads(page_json(slug, json.dumps({spec["name"]: v})))["ok"]]
-        if len(set(ok)) >= 2:
-            out, i = [], 0
-            while len(out) < changes:
-                if not out or ok[i % len(ok)] != out[-1]:
-                    out.append(ok[i % len(ok)])
-                i += 1
-            return spec["name"], out
+    best = ("", [])
+    for spec in specs:
+        if spec["kind"] not in ("integer", "number") or spec["default"] is None or spec["default"] < 0:
+            continue
+        ok = [v for v in _spread(spec, changes) if json.loads(page_json(slug, json.dumps({spec["name"]: v})))["ok"]]
+        if len(ok) >= changes and spec["kind"] == "integer":
+            return spec["name"], ok[:changes]
+        if len(ok) > len(best[1]):
+            best = (spec["name"], ok)
+    name, ok = best
+    if len(ok) >= 2:
+        return name, [ok[i % len(ok)] for i in range(changes)]
     spec = next(s for s in specs if s["choices"])
     ring = [c for c in spec["choices"] if c != spec["default"]] + [spec["default"]]
     ring = [c for c in ring if json.loads(page_json(slug, json.dumps({spec["name"]: c})))["ok"]]
