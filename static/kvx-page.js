@@ -16,7 +16,37 @@ let doc = null;
 let worker = null;
 const uploads = {};          // name -> text of a file the reader gave the model (data, never in the URL)
 
-const model = (name) => doc.get_model_by_name(name);
+// Bokeh's get_model_by_name walks every model of the document (1.4 ms a change on load-balancer), and the
+// page's models never change: look each one up once.
+const models = new Map();
+const model = (name) => {
+  let m = models.get(name);
+  if (m === undefined) {
+    m = doc.get_model_by_name(name);
+    if (m) models.set(name, m);
+  }
+  return m;
+};
+
+// A source is given new data only if its columns changed: every assignment re-renders its glyphs and the
+// legends that show them, even with equal values (apply 7.7 -> 6.3 ms on cache-renting, 7.5 -> 5.5 on paging).
+const sent = new Map();      // source key -> the columns it was last given
+function sameColumns(a, b) {
+  if (!a) return false;
+  const keys = Object.keys(a);
+  if (keys.length !== Object.keys(b).length) return false;
+  for (const k of keys) {
+    const x = a[k], y = b[k];
+    if (!Array.isArray(x) || !Array.isArray(y) || x.length !== y.length) return false;
+    for (let i = 0; i < x.length; i++) if (x[i] !== y[i]) return false;
+  }
+  return true;
+}
+function setData(key, cols) {
+  if (sameColumns(sent.get(key), cols)) return;
+  sent.set(key, cols);
+  model(`source:${key}`).data = cols;
+}
 const anim = () => state.data.animation;
 const lastFrame = () => (anim() ? anim().frames - 1 : 0);
 
@@ -154,7 +184,7 @@ function onFrame(id, reply) {
   if (id !== `frame-${state.latestFrame}` || !reply.ok) return;
   if (JSON.stringify(reply.params) !== JSON.stringify(state.params)) return;   // from before a change
   const data = reply.data;
-  for (const [key, cols] of Object.entries(data.sources)) model(`source:${key}`).data = cols;
+  for (const [key, cols] of Object.entries(data.sources)) setData(key, cols);
   state.data.animation = data.animation;
   applyTexts(data.texts || {});
   setText("caption", data.animation.caption || "");
@@ -208,7 +238,7 @@ function apply(data, keepFrame) {
   const wasAtEnd = state.frame >= lastFrame();
   state.data = data;
   for (const [key, cols] of Object.entries(data.sources)) {
-    if (!(anim() && key === anim().source)) model(`source:${key}`).data = cols;   // cumulative: showFrame
+    if (!(anim() && key === anim().source)) setData(key, cols);   // cumulative: showFrame
   }
   for (const [name, [start, end]] of Object.entries(data.ranges || {})) {
     const r = model(`range:${name}`);
@@ -309,7 +339,7 @@ function showFrame(k) {
   full.frame.forEach((f, i) => { if (f <= k) keep.push(i); });
   const cols = {};
   for (const [c, values] of Object.entries(full)) cols[c] = keep.map((i) => values[i]);
-  model(`source:${a.source}`).data = cols;
+  setData(a.source, cols);
   setText("caption", a.captions[k] || "");
   state.suppress = true;
   model("anim:frame").value = k;
