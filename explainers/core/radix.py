@@ -139,6 +139,11 @@ class RadixTree:
 
         Makes room first by evicting unlocked leaves; if that is not enough, stores what fits.
         """
+        return self.store(tokens)[1]
+
+    def store(self, tokens) -> tuple[int, int]:
+        """insert, returning (tokens found already cached, tokens newly stored): the new ones are
+        tokens[found:found + stored]."""
         tokens = tuple(tokens)
         matched, path = self.match(tokens)
         for n in path:                               # SGLang's _insert_helper: a hit on every node walked
@@ -147,7 +152,7 @@ class RadixTree:
         rest = tokens[matched:]
         if not rest:
             self._refile(node)
-            return 0
+            return matched, 0
         if self.size + len(rest) > self.capacity:
             node.lock += 1                           # do not evict the path we are extending
             self._evictable.discard(node)
@@ -160,7 +165,7 @@ class RadixTree:
             self.size += len(rest)
             self._refile(leaf)
         self._refile(node)
-        return len(rest)
+        return matched, len(rest)
 
     def leaves(self) -> list[Node]:
         out, stack = [], [self.root]

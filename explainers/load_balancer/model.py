@@ -468,6 +468,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
     served, events, queues, snaps, scores = [None] * len(w.requests), [], [], {}, {}
     peak = [0] * p.replicas
     shown, changed = [None] * p.replicas, set(range(p.replicas))      # for _snapshot
+    prefill_time: dict = {}                           # (new tokens, cached tokens) -> seconds
 
     def start(r: Replica, now: float) -> None:
         changed.add(r.index)
@@ -477,7 +478,11 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
         r.tree.lock(job.path, +1)
         job.matched = cached_tokens(job.blocks, job.request, p.block_size)
         job.start = now
-        job.end = now + prefill_seconds(p, job.request.input_length - job.matched, job.matched)
+        new = job.request.input_length - job.matched
+        seconds = prefill_time.get((new, job.matched))
+        if seconds is None:                           # prompts repeat their lengths: the time model once each
+            seconds = prefill_time[new, job.matched] = prefill_seconds(p, new, job.matched)
+        job.end = now + seconds
         r.running = job
         events.append((now, "start", job.request.index, r.index, r.tree.size))
         heapq.heappush(heap, (job.end, 0, next(counter), r.index))
@@ -488,8 +493,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
             r = fleet[x]
             changed.add(x)
             job, r.running = r.running, None
-            held = r.tree.peek(job.request.blocks)
-            stored = r.tree.insert(job.request.blocks)
+            held, stored = r.tree.store(job.request.blocks)
             _count(r.tally, w.owners, +1, job.request.blocks[held:held + stored])
             r.tree.lock(job.path, -1)
             r.send(job, -1)
@@ -511,11 +515,12 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
             if x in snapshot_at:
                 scores[x] = tuple(sc)
             r = fleet[router.choose(q, fleet, now, p, x, sc)]
+            estimate = q.input_length - sc[r.index][1]        # the cached tokens it scored
         else:
             r = fleet[router.choose(q, fleet, now, p, x)]
+            estimate = q.input_length - cached_tokens(r.expected_blocks(q.blocks), q, p.block_size)
         r.routed += 1
         changed.add(r.index)
-        estimate = q.input_length - cached_tokens(r.expected_blocks(q.blocks), q, p.block_size)
         job = Job(q, estimate)
         r.waiting.append(job)
         r.send(job, +1)
