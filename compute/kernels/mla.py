@@ -7,6 +7,9 @@ materialized: the plain-MHA baseline: per-head K and V were built once and cache
 absorbed:     fold W_uk into the query and W_uv into the output, and attend over the latent itself
               (plus the shared RoPE key), so per-head keys and values are never built (DeepSeek-V2,
               sec. 2.1.2). Reads the small cache and does more FLOPs per cached token than MHA.
+              float32 on the CPU runs one fused pass over the cache (mla_cpu.py, a small C kernel: scores,
+              online softmax and the weighted sum per chunk of 64 tokens); everything else runs
+              `absorbed_matmul`, the same algorithm in PyTorch ops, which is also what runs on CUDA.
 naive and absorbed read the same cache: per token, kv_latent + rope_dim numbers per layer.
 """
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 
 import torch
 
+from kvx.compute.kernels import mla_cpu
 from kvx.compute.lm.model import MLAAttention, rope_tables
 
 
@@ -67,8 +71,23 @@ def materialized(layer: MLAAttention, inp: dict, mha_cache: dict) -> torch.Tenso
 
 @torch.no_grad()
 def absorbed(layer: MLAAttention, inp: dict) -> torch.Tensor:
+    """The absorbed decode: the fused CPU kernel where it applies (float32 on the CPU), else `absorbed_matmul`."""
+    out = mla_cpu.absorbed(layer, inp)
+    return out if out is not None else absorbed_matmul(layer, inp)
+
+
+def absorbed_implementation(layer: MLAAttention, inp: dict) -> str:
+    """Which kernel `absorbed` runs for these inputs, in words."""
+    if mla_cpu.applies(layer, inp) and mla_cpu._function(layer.c.kv_latent, layer.c.rope_dim) is not None:
+        return mla_cpu.NAME
+    return "PyTorch ops (heads as the rows of one matmul)"
+
+
+@torch.no_grad()
+def absorbed_matmul(layer: MLAAttention, inp: dict) -> torch.Tensor:
     """The heads (times the new tokens) are the rows of one matmul over the latent, so each step reads the
-    latent once per pass, not once per head; W_uk and W_uv are applied as one bmm over the heads each."""
+    latent once per pass, not once per head; W_uk and W_uv are applied as one bmm over the heads each.
+    Device-agnostic PyTorch: what `absorbed` runs off the CPU, and the CPU's previous kernel."""
     c = layer.c
     latent, k_rope = inp["latent"], inp["k_rope"]                         # [B,S,C], [B,S,R]
     b, h, t, d = inp["q_nope"].shape

@@ -6,9 +6,11 @@
 Reports:
 - copy bandwidth twice: a 256 MiB copy (DRAM, or HBM on a GPU) and, per row, a copy as large as that row's
   cache (these caches fit in the CPU's L3, so the DRAM figure alone flatters a kernel);
-- MLA decode on one layer of the trained MLA model, batch 1: naive, the plain-MHA cache, absorbed (heads as
-  the rows of one matmul) and the previous absorbed kernel (the latent broadcast over heads), each with its
-  time and the bytes the formula says it reads ÷ time as a share of both copy bandwidths;
+- MLA decode on one layer of the trained MLA model, batch 1: naive, the plain-MHA cache, absorbed (what the
+  server runs: on the CPU in float32 the fused one-pass C kernel, kernels/mla_cpu.py) and the previous absorbed
+  kernel (PyTorch ops, heads as the rows of one matmul; what runs on CUDA), each with its time and the bytes
+  the formula says it reads (the cache: latent + RoPE key per token, at the model's widths) ÷ time as a share
+  of both copy bandwidths;
 - paged decode, batch 8: the new kernel against one batched SDPA call over a contiguous cache, and the
   previous kernel against the previous contiguous reference (a loop over sequences), errors against a
   float64 reference with NaN in the unused block slots; on a GPU also SDPA with only the flash backend
@@ -71,9 +73,11 @@ def bench_mla(dev, dtype, contexts, dram_bps: float, repeats: int, flush=None) -
         forms = {"naive": lambda: mla.naive(layer, inp),
                  "materialized": lambda: mla.materialized(layer, inp, mha_cache),
                  "absorbed": lambda: mla.absorbed(layer, inp),
-                 "absorbed_old": lambda: mla.absorbed_broadcast(layer, inp)}
+                 "absorbed_old": lambda: mla.absorbed_matmul(layer, inp)}
         seconds = timed(forms, dev, repeats, flush)
-        row = {"context": context, "cache_bytes": cost["cache_bytes"], "cache_copy_bytes_per_s": cache_bps}
+        row = {"context": context, "cache_bytes": cost["cache_bytes"], "cache_copy_bytes_per_s": cache_bps,
+               "absorbed_implementation": mla.absorbed_implementation(layer, inp),
+               "absorbed_old_implementation": "PyTorch ops (heads as the rows of one matmul)"}
         for name, fn in forms.items():
             nbytes = cost[("absorbed" if name == "absorbed_old" else name) + "_bytes"]
             row[name] = {"seconds": seconds[name], "bytes": nbytes,
@@ -178,6 +182,9 @@ def print_report(report: dict) -> None:
           f"copy bandwidth (large buffer) {report['copy_bytes_per_s'] / 1e9:.1f} GB/s")
     print("\nMLA decode, one layer of the trained MLA model, batch 1 (time; formula bytes ÷ time as a share of the "
           "large-buffer copy bandwidth / of a cache-sized copy)")
+    if report["mla"]:
+        print(f"absorbed: {report['mla'][0]['absorbed_implementation']}; "
+              f"old: {report['mla'][0]['absorbed_old_implementation']}")
     print(f"{'context':>8} {'naive':>24} {'plain MHA cache':>24} {'absorbed':>24} {'absorbed (old)':>24} "
           f"{'abs/MHA':>8} {'old/MHA':>8} {'new/old':>8}")
     for row in report["mla"]:

@@ -44,6 +44,7 @@ def every_kernel(dev) -> dict:
     inp = mla.decode_inputs(layer, 2, 40, torch.Generator().manual_seed(0))
     out["mla.naive"] = mla.naive(layer, inp)
     out["mla.absorbed"] = mla.absorbed(layer, inp)
+    out["mla.absorbed_matmul"] = mla.absorbed_matmul(layer, inp)         # what absorbed runs off the CPU
     out["mla.absorbed_broadcast"] = mla.absorbed_broadcast(layer, inp)
     out["mla.materialized"] = mla.materialized(layer, inp, mla.materialize(layer, inp))
     g = torch.Generator().manual_seed(1)

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from kvx.compute.kernels import crosslayer, crossmodel, eviction, mla, paged, quant
-from kvx.compute.lm.model import LMConfig, TinyLM
+from kvx.compute.kernels import crosslayer, crossmodel, eviction, mla, mla_cpu, paged, quant
+from kvx.compute.lm.model import LMConfig, TinyLM, rope_tables
 from kvx.compute.lm.train import CONFIGS
 from kvx.explainers.core.models import ModelPreset
 
@@ -87,6 +87,75 @@ def test_mla_absorbed_reads_fewer_bytes_than_mha_but_does_more_flops():
     assert c["absorbed_flops"] / c["materialized_flops"] == pytest.approx(
         (2 * 128 * 576 + 2 * 128 * 512) / (2 * 128 * 192 + 2 * 128 * 128), rel=1e-2)   # + the per-step absorb
     assert c["naive_flops"] > c["absorbed_flops"] > c["materialized_flops"]
+
+
+def _two_token_inputs(layer, batch: int, context: int, seed: int) -> dict:
+    """decode_inputs with two new tokens (4 heads x 2 = 8 query rows), the latent a strided slice."""
+    c = layer.c
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, context + 2, c.d_model, generator=g)
+    cos, sin = rope_tables(context + 2, c.rope_dim, c.rope_base)
+    with torch.no_grad():
+        cache = layer.kv(x[:, :context], cos[:context], sin[:context])
+        q_nope, q_rope = layer.split_query(x[:, context:], cos[context:], sin[context:])
+    wide = torch.randn(batch, context, c.kv_latent + 5, generator=g)
+    wide[..., 2:2 + c.kv_latent] = cache["latent"]
+    return {"latent": wide[..., 2:2 + c.kv_latent], "k_rope": cache["k_rope"], "q_nope": q_nope, "q_rope": q_rope}
+
+
+@pytest.mark.parametrize("batch,context,threads", [(1, 1, 1), (3, 37, 1), (2, 300, 1), (1, 5000, 1), (2, 5000, 2),
+                                                   (1, 9000, 3)])
+def test_mla_fused_cpu_kernel_equals_the_pytorch_kernel_and_float64(mla_model, batch, context, threads):
+    """The fused C kernel (float32, CPU) against the PyTorch absorbed kernel and a float64 naive decode: partial
+    chunks and 8-token groups, two new tokens, a strided latent, several sequences, tokens split over threads."""
+    from kvx.compute.kernel_specs import threads as with_threads
+    layer = mla_model.blocks[0].attn
+    for inp in (mla.decode_inputs(layer, batch, context, torch.Generator().manual_seed(context)),
+                _two_token_inputs(layer, batch, context, context)):
+        assert mla_cpu.applies(layer, inp)
+        with with_threads(threads):
+            fused, dispatched = mla_cpu.absorbed(layer, inp), mla.absorbed(layer, inp)
+        if fused is None:
+            pytest.skip("no C compiler here: absorbed runs the PyTorch kernel")
+        assert mla.absorbed_implementation(layer, inp) == mla_cpu.NAME
+        wide = copy.deepcopy(layer).double(), {k: v.double() for k, v in inp.items()}
+        # naive decodes one new token; for two, the PyTorch absorbed kernel in float64 is the reference
+        reference = mla.naive(*wide) if inp["q_nope"].shape[2] == 1 else mla.absorbed_matmul(*wide)
+        assert fused.shape == reference.shape and fused.dtype == torch.float32
+        torch.testing.assert_close(fused, mla.absorbed_matmul(layer, inp), atol=ATOL, rtol=RTOL)
+        assert (fused.double() - reference).abs().max() <= 1e-5
+        torch.testing.assert_close(dispatched, fused, atol=0, rtol=0)
+
+
+def test_mla_fused_kernel_steps_aside_where_it_does_not_apply(mla_model, monkeypatch):
+    """Other dtypes, widths that are not multiples of 8, too many query rows, KVX_FUSED_KERNELS=0: the PyTorch
+    kernel runs (the meta device is covered by test_kernel_devices)."""
+    layer = mla_model.blocks[0].attn
+    inp = mla.decode_inputs(layer, 1, 20, torch.Generator().manual_seed(0))
+    wide = copy.deepcopy(layer).double()
+    assert mla_cpu.absorbed(wide, {k: v.double() for k, v in inp.items()}) is None
+    odd = TinyLM(LMConfig("t-odd", "mla", d_model=64, n_layers=1, n_heads=4, head_dim=16, kv_latent=20, rope_dim=8,
+                          max_len=64)).eval().blocks[0].attn
+    odd_inp = mla.decode_inputs(odd, 1, 20, torch.Generator().manual_seed(0))
+    assert not mla_cpu.applies(odd, odd_inp) and mla_cpu.absorbed(odd, odd_inp) is None
+    torch.testing.assert_close(mla.absorbed(odd, odd_inp), mla.naive(odd, odd_inp), atol=ATOL, rtol=RTOL)
+    many = dict(inp, q_nope=inp["q_nope"].expand(1, 4, 17, -1), q_rope=inp["q_rope"].expand(1, 4, 17, -1))
+    assert not mla_cpu.applies(layer, many)                      # 68 rows > 64
+    monkeypatch.setenv("KVX_FUSED_KERNELS", "0")
+    assert mla_cpu.absorbed(layer, inp) is None
+    assert mla.absorbed_implementation(layer, inp).startswith("PyTorch")
+
+
+def test_mla_fused_kernel_cache_is_private(tmp_path, monkeypatch):
+    """A kernel cache another user could write to is not used (a library planted there would be loaded)."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    monkeypatch.setenv("KVX_KERNEL_CACHE", str(shared))
+    assert mla_cpu.cache_dir() != shared
+    private = tmp_path / "private"
+    monkeypatch.setenv("KVX_KERNEL_CACHE", str(private))
+    assert mla_cpu.cache_dir() == private and private.stat().st_mode & 0o777 == 0o700
 
 
 @pytest.mark.parametrize("block_size,lens", [(16, [1, 16, 17, 100]), (4, [3, 8]), (32, [200]), (16, [1000, 993, 7])])
