@@ -391,9 +391,14 @@ class Simulation:
 
     def _sampled(self, batch: list[Request]) -> None:
         """Each request in the batch samples a token; one that has all its output is done and frees its memory."""
-        ended = False
         for r in batch:
             self.generated[r.id] += 1
+        self._finish(batch)
+
+    def _finish(self, batch: list[Request]) -> None:
+        """The requests of the batch that have all their output are done and free their memory, in batch order."""
+        ended = False
+        for r in batch:
             if self.generated[r.id] == r.output:
                 self.alloc.release(r)
                 self.stored_total -= self.written[r.id]
@@ -403,8 +408,9 @@ class Simulation:
         if ended:
             self.running = [r for r in self.running if self.generated[r.id] < r.output]
 
-    def _record(self, steps: int, grown: list[int] | None) -> None:
-        """Rows for the last `steps` steps; grown[j], if given, is how many blocks step j took (plain steps)."""
+    def _record(self, steps: int, grown: list[int] | None, waiting: list[int] | None = None) -> None:
+        """Rows for the last `steps` steps; grown[j], if given, is how many blocks step j took, and waiting[j]
+        how many requests waited after it (plain steps; else the counts now)."""
         c, n = self.cols, len(self.running)
         if steps == 1:
             c["stored"].append(self.stored_total)
@@ -427,35 +433,42 @@ class Simulation:
         else:
             for col, value in zip(self._flat, values):
                 col.extend([value] * steps)
+            if waiting is not None:
+                c["waiting"][-steps:] = waiting
 
     # -- many steps at once, where nothing happens but decoding
-    def plain_steps(self, limit: int) -> tuple[int, list[int] | None]:
-        """How many of the next steps (at most `limit`) are plain: no arrival, admission, completion or preemption.
+    def plain_steps(self, limit: int) -> tuple[int, list[int] | None, bool]:
+        """How many of the next steps (at most `limit`) are plain: no arrival, admission or preemption, and no
+        completion except in the last of them.
 
         In such steps every running request writes one token and takes a block when it crosses into a new one,
-        so they can be taken together (skip) with exactly the outcome of stepping one at a time. Also returns,
-        for paged memory, each running request's room: the steps before it next needs a block.
+        so they can be taken together (skip) with exactly the outcome of stepping one at a time; requests that
+        sample their last token in the last step then finish, as they would at the end of that step. Also
+        returns, for paged memory, each running request's room (the steps before it next needs a block), and
+        whether requests finish in the last step.
         """
         if self.waiting and not self.running:
-            return 0, None                                # the head fits an empty memory: it is admitted next step
-        k = limit
-        if self.pending:
-            k = min(k, self.pending[0].arrival - self.now - 1)
-            if k <= 1:                                    # an arrival next step: no need to look further
-                return 0, None
-        if self.running:
-            gen = self.generated
-            k = min(k, min([r.output - gen[r.id] for r in self.running]) - 1)
-        elif not self.pending:
-            return 0, None
-        if k <= 1:
-            return 0, None
+            return 0, None, False                         # the head fits an empty memory: it is admitted next step
         if self.waiting:                                # it stays out: memory only fills during plain steps
             head = self.waiting[0]
             if self.alloc.fits(head, head.prompt + self.generated[head.id], len(self.running)) is not None:
-                return 0, None
+                return 0, None, False
+        k = limit
+        if self.pending and not self.waiting:           # behind a head that stays out, arrivals only queue
+            k = min(k, self.pending[0].arrival - self.now - 1)
+            if k <= 1:                                    # an arrival next step: no need to look further
+                return 0, None, False
+        finish = math.inf
+        if self.running:
+            gen = self.generated
+            finish = min([r.output - gen[r.id] for r in self.running])    # steps to the first completion
+            k = min(k, finish)
+        elif not self.pending:
+            return 0, None, False
+        if k <= 1:
+            return 0, None, False
         if not isinstance(self.alloc, PagedAllocator) or not self.running:
-            return k, None
+            return k, None, k == finish
         # A request next writes past its last block `room` steps from now (0 <= room < block_size), then every
         # block_size steps: each cycle of block_size steps takes one block per request. The stretch ends before
         # the step that would find the free list empty.
@@ -466,11 +479,13 @@ class Simulation:
             counts[room] += 1
         before = list(itertools.accumulate(counts, initial=0))     # blocks taken in a cycle's first m steps
         cycles, left = divmod(self.alloc.nfree, n)
-        return min(k, cycles * bs + bisect.bisect_right(before, left, 0, bs) - 1), rooms
+        k = min(k, cycles * bs + bisect.bisect_right(before, left, 0, bs) - 1)
+        return k, rooms, k == finish
 
-    def skip(self, k: int, rooms: list[int] | None) -> None:
+    def skip(self, k: int, rooms: list[int] | None, finish: bool = False) -> None:
         """Take k plain steps at once (see plain_steps), the blocks in the order stepping would take them:
-        step by step, and within a step in running order."""
+        step by step, and within a step in running order. With finish, the requests that sampled their last
+        token in the last step then finish, and that step's row says so."""
         grown = None
         if rooms is not None:
             bs, n = self.alloc.bs, len(self.running)
@@ -488,19 +503,33 @@ class Simulation:
             self.written[r.id] += k
             self.generated[r.id] += k
         self.stored_total += len(self.running) * k
+        waiting = None
+        if self.pending and self.pending[0].arrival <= self.now + k:     # they join the queue, nothing else
+            base, arrived = len(self.waiting), []
+            while self.pending and self.pending[0].arrival <= self.now + k:
+                arrived.append(self.pending[0].arrival)
+                self.waiting.append(self.pending.popleft())
+            if self.cols is not None:
+                waiting = [base + bisect.bisect_right(arrived, t) for t in range(self.now + 1, self.now + k + 1)]
         self.now += k
         self.short = bool(self.waiting)
         if self.cols is not None:
-            self._record(k, grown)
+            self._record(k, grown, waiting)
+        if finish:
+            self._finish(self.running)
+            if self.cols is not None:                  # the last row is the state after the step, finishing done
+                for col in self.cols.values():
+                    col.pop()
+                self._record(1, None)
 
     def run_to(self, step: int, fast: bool = True, checkpoints: list | None = None) -> None:
         """Advance until `step` has run or every request is done; fast takes plain steps together. With
         `checkpoints`, append a copy of the simulation every CHECKPOINT_STEPS steps or so."""
         mark = self.now + CHECKPOINT_STEPS
         while self.now < step and not self.finished:
-            k, rooms = self.plain_steps(step - self.now) if fast else (0, None)
+            k, rooms, finish = self.plain_steps(step - self.now) if fast else (0, None, False)
             if k > 1:
-                self.skip(k, rooms)
+                self.skip(k, rooms, finish)
             else:
                 self.step()
             if checkpoints is not None and self.now >= mark:
