@@ -23,7 +23,7 @@ private directory keyed by the source, the flags and the CPU's feature flags ($K
 ~/.cache/kvx/kernels). Anything else, or any failure to build or load, falls back to the PyTorch kernel
 (`mla.absorbed_matmul`): another device (CUDA, meta), another dtype, a latent or RoPE width that is not a
 multiple of 8, more than 64 heads x new tokens, or KVX_FUSED_KERNELS=0. With more than one PyTorch thread the
-tokens are split between that many threads (pieces of at least 2,048 tokens), merged by their softmax maxima.
+tokens are split between that many threads (pieces of at least 8,192 tokens), merged by their softmax maxima.
 """
 from __future__ import annotations
 
@@ -223,7 +223,7 @@ int mla_absorbed_decode(int B, int T, int H, int D, int E, int S, int threads, f
     const int R = H * T;
     if (R > MAXR || R < 1 || S < 1 || B < 1 || D < 1 || E < 1) return -1;
     if (threads > 8) threads = 8;
-    if (threads > S / 2048) threads = S / 2048;
+    if (threads > S / 8192) threads = S / 8192;       /* a thread costs tens of microseconds to start */
     if (threads < 1) threads = 1;
     float *q = malloc(sizeof(float) * R * KD), *buf = malloc(sizeof(float) * threads * R * (CD + 2)),
           *y = malloc(sizeof(float) * T * H * D);

@@ -103,8 +103,8 @@ def _two_token_inputs(layer, batch: int, context: int, seed: int) -> dict:
     return {"latent": wide[..., 2:2 + c.kv_latent], "k_rope": cache["k_rope"], "q_nope": q_nope, "q_rope": q_rope}
 
 
-@pytest.mark.parametrize("batch,context,threads", [(1, 1, 1), (3, 37, 1), (2, 300, 1), (1, 5000, 1), (2, 5000, 2),
-                                                   (1, 9000, 3)])
+@pytest.mark.parametrize("batch,context,threads", [(1, 1, 1), (3, 37, 1), (2, 300, 1), (1, 5000, 1), (2, 16400, 2),
+                                                   (1, 25000, 3)])
 def test_mla_fused_cpu_kernel_equals_the_pytorch_kernel_and_float64(mla_model, batch, context, threads):
     """The fused C kernel (float32, CPU) against the PyTorch absorbed kernel and a float64 naive decode: partial
     chunks and 8-token groups, two new tokens, a strided latent, several sequences, tokens split over threads."""
