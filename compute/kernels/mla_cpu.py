@@ -360,15 +360,24 @@ def _function(latent: int, rope: int):
     return _libs[key]
 
 
+def _weights(layer, inp: dict) -> tuple | None:
+    """W_uk, W_uv and W_o when the fused kernel applies to these inputs (without building it), else None.
+    (Module attribute lookups cost about a microsecond each, so they are made once a call.)"""
+    c, q_nope, latent = layer.c, inp["q_nope"], inp["latent"]
+    if not (enabled() and c.kv_latent % 8 == 0 and c.kv_latent > 0 and c.rope_dim % 8 == 0
+            and 0 < q_nope.shape[1] * q_nope.shape[2] <= MAX_ROWS and latent.shape[1] > 0):
+        return None
+    wo = layer.wo
+    weights = layer.w_uk.weight, layer.w_uv.weight, wo.weight
+    if wo.bias is None and all(t.is_cpu and t.dtype is torch.float32
+                               for t in (latent, inp["k_rope"], q_nope, inp["q_rope"], *weights)):
+        return weights
+    return None
+
+
 def applies(layer, inp: dict) -> bool:
     """Whether `absorbed` runs the fused kernel for these inputs (without building it)."""
-    c = layer.c
-    tensors = [inp["latent"], inp["k_rope"], inp["q_nope"], inp["q_rope"], layer.w_uk.weight, layer.w_uv.weight,
-               layer.wo.weight]
-    return (enabled() and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
-            and layer.wo.bias is None
-            and c.kv_latent % 8 == 0 and c.kv_latent > 0 and c.rope_dim % 8 == 0
-            and 0 < inp["q_nope"].shape[1] * inp["q_nope"].shape[2] <= MAX_ROWS and inp["latent"].shape[1] > 0)
+    return _weights(layer, inp) is not None
 
 
 def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -379,7 +388,8 @@ def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
 def absorbed(layer, inp: dict) -> torch.Tensor | None:
     """The absorbed decode's output [B, T, d_model] (what `mla.absorbed_matmul` returns), or None where the
     fused kernel does not apply or is unavailable."""
-    if not applies(layer, inp):
+    weights = _weights(layer, inp)
+    if weights is None:
         return None
     c = layer.c
     fn = _function(c.kv_latent, c.rope_dim)
@@ -387,7 +397,7 @@ def absorbed(layer, inp: dict) -> torch.Tensor | None:
         return None
     latent, k_rope = _last_contiguous(inp["latent"]), _last_contiguous(inp["k_rope"])
     q_nope, q_rope = _last_contiguous(inp["q_nope"]), _last_contiguous(inp["q_rope"])
-    w_uk, w_uv, w_o = (w.weight.contiguous() for w in (layer.w_uk, layer.w_uv, layer.wo))
+    w_uk, w_uv, w_o = (w.contiguous() for w in weights)
     b, h, t, d = q_nope.shape
     out = torch.empty(b, t, w_o.shape[0], dtype=torch.float32)
     if fn(b, t, h, d, w_o.shape[0], latent.shape[1], torch.get_num_threads(), 1 / math.sqrt(c.head_dim + c.rope_dim),
