@@ -345,3 +345,63 @@ def test_eviction_runs_the_real_kernel_and_steps_its_bounded_cache(offline_page,
     assert "The baked sweep (" in baked
     text = run_here(page, timeout=120_000)
     assert "StreamingLLM with its sinks evicted keeping 42 of the 423-token" in text
+
+
+def shown_summaries(page) -> dict:
+    """Every plot on the page with its summary as the browser holds it: the caption's text as the model sent it
+    (kvx.text), as shown (innerText), where the plot's aria-describedby leads, and that both are in the same
+    (light) DOM tree, so the reference resolves for assistive technology."""
+    return page.evaluate("""() => {
+        const out = {};
+        for (const plot of document.querySelectorAll('[aria-describedby^="kvx-summary-"]')) {
+            const id = plot.getAttribute('aria-describedby');
+            const key = id.slice('kvx-summary-'.length);
+            const box = document.getElementById(id);
+            out[key] = {sent: kvx.text('summary:' + key), shown: box ? box.innerText.trim() : null,
+                        text: box ? box.dataset.kvxText : null, role: plot.getAttribute('role'),
+                        sameTree: !!box && plot.getRootNode() === document && box.getRootNode() === document,
+                        visible: !!box && box.getBoundingClientRect().height > 0};
+        }
+        return out;
+    }""")
+
+
+@pytest.mark.parametrize("slug, change", [("paging", ("requests", "20")), ("cache-renting", ("context", "128000"))])
+def test_plot_summaries_equal_cpython_after_a_change_and_describe_their_plots(offline_page, site_url, slug, change):
+    """Issue 17: every plot is described by a caption under it (aria-describedby), worded by the model from the
+    plotted numbers; after a control change the captions hold exactly CPython's page_data for the new values, and
+    Chromium's accessibility tree gives each plot that sentence as its description."""
+    import html as html_
+
+    from playwright.sync_api import expect
+
+    from kvx.explainers.core import summaries
+    page = offline_page
+    page.goto(f"{site_url}/{slug}.html")
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+    before = applied(page)
+    set_control(page, change[0], change[1], slug)
+    wait_applied(page, before)
+    want = summaries.of(expected(slug, **{change[0]: change[1]})["texts"])
+    assert want != summaries.of(expected(slug)["texts"])              # the change rewords them
+    got = shown_summaries(page)
+    assert set(got) == set(want), (set(got), set(want))
+    for key, sentence in want.items():
+        g = got[key]
+        assert g["sent"] == sentence, key                              # the model's words, to the character
+        assert g["shown"] == html_.unescape(sentence), key             # and what the reader sees
+        assert g["text"] == f"summary:{key}" and g["sameTree"] and g["visible"] and g["role"] == "img", (key, g)
+        expect(page.locator(f'[aria-describedby="kvx-summary-{key}"]')).to_have_accessible_description(
+            html_.unescape(sentence))
+    if slug == "paging":                                               # a frame rewords the maps' summaries
+        from kvx.explainers.paging.model import PagingParams, frame_data
+        frames_before = int(page.evaluate("Number(document.documentElement.dataset.kvxFrameApplied || 0)"))
+        page.evaluate("window.kvx.anim.reset()")
+        page.wait_for_function("document.documentElement.dataset.kvxFrame === '0' && "
+                               f"Number(document.documentElement.dataset.kvxFrameApplied || 0) > {frames_before}",
+                               timeout=30_000)
+        page.wait_for_timeout(300)
+        frame = summaries.of(frame_data(PagingParams.from_mapping({"requests": "20"}), 0)["texts"])
+        assert frame["paged_map"].startswith("Paged at step 0:")
+        for key, sentence in frame.items():
+            assert page.evaluate(f"kvx.text('summary:{key}')") == sentence, key
