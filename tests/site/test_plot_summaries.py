@@ -136,3 +136,14 @@ def test_two_plots_of_one_thing_share_one_caption():
     assert wide.html_attributes["aria-describedby"] == narrow.html_attributes["aria-describedby"] == "kvx-summary-diagram"
     widgets.plot_summaries(layout)                                 # a second pass changes nothing
     assert len([m for m in layout.references() if (m.name or "").startswith("text:summary:")]) == 2
+
+
+def test_the_notebook_shows_the_same_captions():
+    """kvx.show's view: each plot's caption is there and follows a change, as on the page."""
+    pytest.importorskip("panel", reason="the notebook view needs the `notebook` extra (Panel)")
+    from kvx.site.notebook import NotebookExplainer
+    nb = NotebookExplainer("cache-renting")
+    nb.update(context=128000)
+    want = summaries.of(data("cache-renting", {"context": "128000"})["texts"])
+    assert want and all(nb.model(f"text:summary:{k}").text == v for k, v in want.items())
+    assert nb.model("text:summary:curve").html_id == "kvx-summary-curve"
