@@ -51,7 +51,7 @@ def _flex(model) -> str:
     return "kvx-grow" if model.sizing_mode in STRETCH else "kvx-fixed"
 
 
-def _html(model, roots: dict, texts: dict) -> str:
+def _html(model, roots: dict, texts: dict, top: bool = False) -> str:
     name = text_name(model)
     if name is not None:
         # The baked text is written in at build time, so the page reads right before any script runs.
@@ -59,7 +59,9 @@ def _html(model, roots: dict, texts: dict) -> str:
         ident = f' id="{html.escape(model.html_id)}"' if model.html_id else ""
         return (f'<div class="kvx-text {_flex(model)}"{ident} data-kvx-text="{html.escape(name)}" '
                 f'style="{_style(model)}">{texts.get(name, model.text)}</div>')
-    if isinstance(model, (Row, Column)) and holds_text(model):
+    # The view's own column is always HTML, texts or not: on a phone the page puts the readouts right after
+    # its first child, the controls (kvx.css, .kvx-interactive), which it cannot do inside one Bokeh root.
+    if isinstance(model, (Row, Column)) and (top or holds_text(model)):
         kind = "kvx-row" if isinstance(model, Row) else "kvx-col"
         kind += "".join(f" {html.escape(c)}" for c in model.css_classes)     # e.g. kvx-plots-row: wraps
         gap = f"gap:{model.spacing}px;" if model.spacing else ""
@@ -75,7 +77,7 @@ def _html(model, roots: dict, texts: dict) -> str:
 def embed(layout, texts: dict[str, str]) -> tuple[str, str]:
     """(script, html) for a view's layout; texts: the baked data's texts, shown before Python starts."""
     roots: dict = {}
-    body = _html(layout, roots, texts)
+    body = _html(layout, roots, texts, top=True)
     script, divs = components(roots)
     for key, div in divs.items():
         body = body.replace(f"\x00{key}\x00", div)
