@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
+import unicodedata
 
 from ..core.dtypes import DTYPE_BITS, dtype_bytes
 from ..core.gpus import GPUS
@@ -413,21 +415,15 @@ def diagram_extent(s: MLAShape, context: int) -> float:
     return max(b.x + _room(_w(b.cols) + (3 if b.stack else 0), b.name, b.shape) for b in boxes(s, context))
 
 
-def frame_data(p: MLAParams, frame: int) -> dict:
-    """Frame k: every box so far, the boxes of stage k outlined, later ones faint; stage k's costs."""
-    s = mla_shape(diagram_model(p.model))
-    st = all_steps(p)
-    k = max(0, min(len(st) - 1, int(frame)))
-    final = k == len(st) - 1
+def _box_columns(drawn: list[tuple[Box, float, float]], k: int, final: bool, lift: float) -> dict:
+    """The boxes source at frame k from (box, width, height): every box so far, the boxes of stage k outlined,
+    later ones faint; one per cached token is drawn as three copies, each `lift` up and to the right."""
     cols = {c: [] for c in ("x0", "x1", "y0", "y1", "color", "alpha", "line_color", "line_width", "name", "shape",
                             "label_x", "label_y", "text_alpha", "step")}
-    placed = {}
-    for bx in boxes(s, p.context):
-        w, h = _w(bx.cols), _h(bx.rows)
-        placed[bx.key] = (bx.x, bx.y, w, h, bx.step)
+    for bx, w, h in drawn:
         now = bx.step == k or (final and bx.key in ("cache_c", "cache_r"))
         seen = bx.step <= k
-        copies = [(3.0, 3.0), (1.5, 1.5), (0.0, 0.0)] if bx.stack else [(0.0, 0.0)]
+        copies = [(2 * lift, 2 * lift), (lift, lift), (0.0, 0.0)] if bx.stack else [(0.0, 0.0)]
         for i, (dx, dy) in enumerate(copies):
             front = i == len(copies) - 1
             cols["x0"].append(bx.x + dx)
@@ -441,9 +437,129 @@ def frame_data(p: MLAParams, frame: int) -> dict:
             cols["name"].append(bx.name if front else "")
             cols["shape"].append(bx.shape if front else "")
             cols["label_x"].append(bx.x)
-            cols["label_y"].append(bx.y + (3 if bx.stack else 0))
+            cols["label_y"].append(bx.y + (2 * lift if bx.stack else 0))
             cols["text_alpha"].append(1.0 if seen else 0.18)
             cols["step"].append(bx.step)
+    return cols
+
+
+# ---- the narrow diagram, for a phone: rows no wider than a 300 px plot, each box's name and shape above it ----
+# Its units are pixels of the narrowest plot that shows it (the page draws it up to 560 px wide, with plot
+# fonts at 0.8: 12 px bold names, 11 px shapes, 13 px bold headings). Box sides are ∝ √ of each dimension.
+N_WIDTH = 300.0
+N_SIDE = 1.3                # px per √ of a dimension
+N_S = 36.0                  # a side of the S cached tokens
+N_LIFT = 2.0                # one per cached token: copies drawn this far up and right
+N_LABEL = 36.0              # the name and shape above a box (the view draws them 2 and 19 px above its top)
+N_GAP = 18.0                # from a row's lowest box to the next row's labels: room for an arrow
+N_NAME, N_SHAPE = 7.4, 5.3  # px per character, measured in Chromium (at most 7.0 and 5.0) with a margin
+N_BAND_CHARS, N_LINE = 40, 17.0   # a heading wraps at 40 characters (6.4 px each); px per line
+N_RAIL = -8.0               # where an arrow that skips rows runs down, left of every box
+# The rows of each band, in reading order (the cache's k^R part sits beside its c_KV part).
+N_ROWS = ((0, (("h",), ("c_kv", "k_r"), ("cache_c",), ("c_q",), ("q_c", "q_r"))),
+          (1, (("k_c", "v_c"), ("s_n", "o_n"), ("u_n",))),
+          (2, (("q_t",), ("s_a",), ("o_t", "o_a"), ("u_a",))))
+N_TITLE = "One decode step of one MLA layer"
+N_NOTE = "Box sides ∝ √ of each dimension;\nS = cached tokens."     # the wide title's second half
+
+
+def _nw(cols: int) -> float:
+    return N_S if cols == 0 else N_SIDE * math.sqrt(cols)
+
+
+def _nh(rows: int) -> float:
+    return N_S if rows == 0 else max(4.0, N_SIDE * math.sqrt(rows))
+
+
+def _chars(text: str) -> int:
+    """Characters as drawn: a combining mark (the tilde of q̃) takes no room of its own."""
+    return sum(not unicodedata.combining(c) for c in text)
+
+
+def _n_room(bx: Box) -> float:
+    """What a box takes across in the narrow diagram: itself or its name or shape, whichever is wider."""
+    return max(_nw(bx.cols) + (2 * N_LIFT if bx.stack else 0), N_NAME * _chars(bx.name), N_SHAPE * _chars(bx.shape))
+
+
+def narrow_boxes(s: MLAShape, context: int) -> tuple[list[Box], list[dict], float]:
+    """The boxes placed in rows for a phone (x right, y = top edge going down, in px), the bands' headings
+    ({x, y, text}, top-aligned, wrapped) and the lowest y drawn. Rows are packed from the longest context's
+    shapes, so the picture does not move when the context changes."""
+    wide = {b.key: b for b in boxes(s, context)}
+    room = {b.key: _n_room(b) for b in boxes(s, 1_000_000)}
+    out, bands, y = [], [], 0.0
+    for band, rows in N_ROWS:
+        heading = BANDS["text"][band] if band else f"{N_NOTE}\n{BANDS['text'][band]}"
+        text = "\n".join(textwrap.fill(t, N_BAND_CHARS) for t in heading.split("\n"))
+        bands.append({"x": 0.0, "y": y, "text": text})
+        y -= N_LINE * (text.count("\n") + 1) + 8
+        for keys in rows:
+            stacked = any(wide[k].stack for k in keys)
+            top = y - N_LABEL - (2 * N_LIFT if stacked else 0)
+            x, low = 0.0, top
+            for key in keys:
+                bx = wide[key]
+                out.append(dataclasses.replace(bx, x=x, y=top))
+                low = min(low, top - _nh(bx.rows))
+                if key == "cache_c":         # k^R's part of the cache, beside c_KV's
+                    r = wide["cache_r"]
+                    out.append(dataclasses.replace(r, x=x + _nw(bx.cols) + 1, y=top))
+                x += room[key] + 16
+            y = low - N_GAP
+    return out, bands, y + N_GAP
+
+
+def narrow_bands(s: MLAShape) -> dict:
+    _, bands, _ = narrow_boxes(s, 1)
+    return {c: [b[c] for b in bands] for c in ("x", "y", "text")}
+
+
+def narrow_y_range(s: MLAShape) -> list[float]:
+    """The narrow diagram's y range: its height in px, as the view sizes the plot."""
+    return [narrow_boxes(s, 1)[2] - 6, 4.0]
+
+
+def narrow_sources(s: MLAShape, context: int, k: int, final: bool) -> dict:
+    """The narrow diagram's boxes and arrows at frame k. An arrow to the next row runs from the bottom of
+    its box to the top of the next box's labels; one that skips rows runs down a rail left of every box."""
+    placed, _, _ = narrow_boxes(s, context)
+    cols = _box_columns([(bx, _nw(bx.cols), _nh(bx.rows)) for bx in placed], k, final, N_LIFT)
+    at = {bx.key: bx for bx in placed}
+    rows = [keys for _, band_rows in N_ROWS for keys in band_rows]
+    row_index = {key: i for i, keys in enumerate(rows) for key in keys}
+    arrows = {"x0": [], "y0": [], "x1": [], "y1": [], "alpha": []}
+    rails = {"xs": [], "ys": [], "alpha": []}
+    for a, b in ARROWS:
+        A, B = at[a], at[b]
+        aw, ah, bh = _nw(A.cols) + (2 * N_LIFT if A.stack else 0), _nh(A.rows), _nh(B.rows)
+        alpha = 0.9 if B.step <= k else 0.08
+        skip = row_index[b] - row_index[a]
+        if skip == 0:                                  # side by side: a level arrow at the lower box's middle
+            y0 = A.y - min(ah, bh) / 2
+            seg = (A.x + aw + 2, y0, B.x - 3, y0)
+        elif skip == 1:                                # down to the next row's labels
+            x0 = min(max(B.x + 6, A.x + 2), A.x + aw - 2)
+            seg = (x0, A.y - ah - 1, B.x + 6, B.y + N_LABEL + 1 + (2 * N_LIFT if B.stack else 0))
+        else:                                          # along the rail, then into the box from its left
+            ya, yb = A.y - ah / 2, B.y - bh / 2
+            rails["xs"].append([A.x, N_RAIL, N_RAIL])
+            rails["ys"].append([ya, ya, yb])
+            rails["alpha"].append(alpha)
+            seg = (N_RAIL, yb, B.x - 1, yb)
+        for c, v in zip(("x0", "y0", "x1", "y1"), seg):
+            arrows[c].append(v)
+        arrows["alpha"].append(alpha)
+    return {"boxes_narrow": cols, "arrows_narrow": arrows, "rails_narrow": rails}
+
+
+def frame_data(p: MLAParams, frame: int) -> dict:
+    """Frame k: every box so far, the boxes of stage k outlined, later ones faint; stage k's costs."""
+    s = mla_shape(diagram_model(p.model))
+    st = all_steps(p)
+    k = max(0, min(len(st) - 1, int(frame)))
+    final = k == len(st) - 1
+    placed = {bx.key: (bx.x, bx.y, _w(bx.cols), _h(bx.rows), bx.step) for bx in boxes(s, p.context)}
+    cols = _box_columns([(bx, _w(bx.cols), _h(bx.rows)) for bx in boxes(s, p.context)], k, final, 1.5)
     arrows = {"x0": [], "y0": [], "x1": [], "y1": [], "alpha": []}
     for a, b in ARROWS:
         ax, ay, aw, ah, _ = placed[a]
@@ -459,11 +575,11 @@ def frame_data(p: MLAParams, frame: int) -> dict:
         arrows["alpha"].append(0.9 if bstep <= k else 0.08)
     now = st[k]
     return {
-        "sources": {"boxes": cols, "arrows": arrows},
+        "sources": {"boxes": cols, "arrows": arrows, **narrow_sources(s, p.context, k, final)},
         "animation": {"mode": "on_demand", "frames": len(st), "frame": k,
                       "caption": f"{k + 1}/{len(st)}. {now.title}. {now.caption}"},
         "texts": {"step_costs": step_costs_text(now, s),
-                  **summaries(diagram=diagram_summary(cols, k, len(st), now.title))},
+                  **summaries(diagram=(said := diagram_summary(cols, k, len(st), now.title)), diagram_narrow=said)},
     }
 
 
@@ -574,6 +690,7 @@ def page_data(p: MLAParams) -> dict:
     sources = {
         **at["sources"],
         "bands": BANDS,
+        "bands_narrow": narrow_bands(s),
         "kinds": {"kind": list(KINDS), "label": [kinds_label[k] for k in KINDS],
                   "kb": [per[k] / 1e3 for k in KINDS],
                   "text": [f"{kinds_label[k]}: {num(per[k])} B"
@@ -604,7 +721,7 @@ def page_data(p: MLAParams) -> dict:
         **at,
         "sources": sources,
         "texts": {**at["texts"], **plot_summaries(sources)},
-        "ranges": {"diagram_x": [-2, diagram_extent(s, p.context) + 2]},
+        "ranges": {"diagram_x": [-2, diagram_extent(s, p.context) + 2], "diagram_narrow_y": narrow_y_range(s)},
         "formula": formula(p, r),
         "readouts": readouts(p, r),
         "notes": notes(p, r),

@@ -9,7 +9,7 @@ from bokeh.plotting import figure
 from bokeh.transform import factor_cmap
 
 from kvx.explainers.core.models import ATTENTION_KINDS
-from kvx.explainers.mla.model import FORM_TITLES, FORMS
+from kvx.explainers.mla.model import FORM_TITLES, FORMS, N_RAIL, N_TITLE, N_WIDTH
 from kvx.site import widgets
 
 KIND_COLORS = ["#6b7280", "#d97706", "#0891b2", "#059669"]          # MHA, GQA, MQA, MLA
@@ -37,12 +37,42 @@ def _diagram(src, x_range):
                          line_width=2, line_alpha="alpha", line_color="#374151",
                          end=VeeHead(size=10, line_color="#374151", line_alpha=0.9)))
     fig.add_tools(HoverTool(tooltips=[("", "@name"), ("shape", "@shape")]))
+    fig.tags = ["kvx:wide"]             # the page shows _narrow_diagram instead on a phone
+    return widgets.readable_figure(fig)
+
+
+def _narrow_diagram(src, y_range):
+    """The same diagram for a phone, in rows a 300 px plot holds, each box's name and shape above it
+    (model.narrow_boxes; its units are pixels, so the plot is as tall as its y range). The page shows it
+    instead of the wide one up to 560 px (tags, static/kvx-page.js)."""
+    fig = figure(height=round(y_range[1] - y_range[0]) + 34, sizing_mode="stretch_width", toolbar_location=None,
+                 x_range=Range1d(N_RAIL - 4, N_WIDTH + 4), y_range=Range1d(*y_range, name="range:diagram_narrow_y"),
+                 x_axis_location=None, y_axis_location=None, min_border_left=4, min_border_right=4,
+                 min_border_bottom=0, title=N_TITLE, tags=["kvx:narrow"], visible=False,
+                 name="plot:diagram_narrow")
+    fig.grid.visible = False
+    fig.outline_line_color = None
+    fig.text(x="x", y="y", text="text", source=src["bands_narrow"], text_font_size="16px", text_font_style="bold",
+             text_color="#111827", text_baseline="top")
+    fig.quad(left="x0", right="x1", bottom="y0", top="y1", source=src["boxes_narrow"], fill_color="color",
+             fill_alpha="alpha", line_color="line_color", line_width="line_width")
+    fig.text(x="label_x", y="label_y", text="shape", source=src["boxes_narrow"], text_font_size="14px",
+             text_alpha="text_alpha", text_baseline="bottom", y_offset=-2, text_color="#374151")
+    fig.text(x="label_x", y="label_y", text="name", source=src["boxes_narrow"], text_font_size="15px",
+             text_font_style="bold", text_alpha="text_alpha", text_baseline="bottom", y_offset=-19,
+             text_color="#111827")
+    fig.multi_line(xs="xs", ys="ys", source=src["rails_narrow"], line_width=2, line_alpha="alpha", line_color="#374151")
+    fig.add_layout(Arrow(source=src["arrows_narrow"], x_start="x0", y_start="y0", x_end="x1", y_end="y1",
+                         line_width=2, line_alpha="alpha", line_color="#374151",
+                         end=VeeHead(size=8, line_color="#374151", line_alpha=0.9)))
+    fig.add_tools(HoverTool(tooltips=[("", "@name"), ("shape", "@shape")]))
     return widgets.readable_figure(fig)
 
 
 def layout(params_cls, values: dict, data: dict):
     src = widgets.sources(data)
     diagram = _diagram(src, data["ranges"]["diagram_x"])
+    narrow = _narrow_diagram(src, data["ranges"]["diagram_narrow_y"])
     costs = widgets.text("step_costs", mono=True)
     costs.styles = {**costs.styles, "white-space": "pre-line", "font-size": "16px", "background": "#f3f4f6",
                     "padding": "8px 12px", "border-radius": "6px"}
@@ -97,5 +127,5 @@ def layout(params_cls, values: dict, data: dict):
     # The bar charts sit in their own column, so that their long category labels do not push the diagram's
     # frame (which Bokeh aligns with its siblings') to the right.
     charts = column(kinds, account, every, sizing_mode="stretch_width")
-    return column(controls, widgets.animation_controls(data["animation"]["frames"]), diagram, costs, charts,
+    return column(controls, widgets.animation_controls(data["animation"]["frames"]), diagram, narrow, costs, charts,
                   widgets.run_controls(), decode, sizing_mode="stretch_width")

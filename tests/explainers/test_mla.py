@@ -263,3 +263,49 @@ def test_a_cache_or_weights_that_do_not_fit_are_said_not_to():
     assert any("need at least 6" in n for n in notes)                # 472.3 GB / 80 GB
     assert any("released for at most 4,096 tokens" in n for n in page_data(P(model="deepseek-67b", context=8_192))["notes"])
     assert not any("released" in n for n in page_data(P(model="deepseek-67b", context=4_096))["notes"])
+
+
+@pytest.mark.parametrize("slug", ["deepseek-v2", "deepseek-v3"])
+@pytest.mark.parametrize("context", [1, 4_096, 1_000_000])
+def test_the_narrow_diagram_fits_a_phone(slug, context):
+    """The phone's diagram (px units): every box of the wide one, rows no wider than the 300 px plot at the
+    measured widths of its fonts, no two labels (name over shape, above each box) and no two boxes overlapping,
+    and the same picture (rows, heights) whatever the context."""
+    from kvx.explainers.mla.model import (N_LABEL, N_LIFT, N_NAME, N_SHAPE, N_WIDTH, _chars, narrow_boxes,
+                                          narrow_sources)
+    s = mla_shape(slug)
+    placed, bands, low = narrow_boxes(s, context)
+    assert {b.key for b in placed} == {b.key for b in boxes(s, context)}
+    labels, shapes = [], []
+    for b in placed:
+        if not b.name:
+            continue
+        width = max(N_NAME * _chars(b.name), N_SHAPE * _chars(b.shape))
+        assert b.x + width <= N_WIDTH, (b.name, b.shape)
+        bottom = b.y + (2 * N_LIFT if b.stack else 0) + 2          # the view draws it from 2 px above label_y
+        labels.append((b.x, b.x + width, bottom, bottom + N_LABEL - 2, b.name))
+    cols = narrow_sources(s, context, 3, False)["boxes_narrow"]
+    shapes = list(zip(cols["x0"], cols["x1"], cols["y0"], cols["y1"]))
+    for group in (labels, shapes):
+        for i, a in enumerate(group):
+            for b in group[i + 1:]:
+                meet = min(a[1], b[1]) - max(a[0], b[0]) > 0 and min(a[3], b[3]) - max(a[2], b[2]) > 0
+                stacked = abs((a[1] - b[1]) - (a[0] - b[0])) < 1e-9 and abs(a[0] - b[0]) <= 4   # a stack's copies
+                assert not meet or stacked, (a, b)
+    for x0, x1, y0, y1 in shapes:                                    # no box under a label
+        for l0, l1, m0, m1, name in labels:
+            assert not (min(x1, l1) - max(x0, l0) > 0 and min(y1, m1) - max(y0, m0) > 0.5), name
+    assert narrow_boxes(s, 7)[1:] == (bands, low) and low < 0
+    at = {b.key: (b.x, b.y) for b in placed}
+    assert at == {b.key: (b.x, b.y) for b in narrow_boxes(s, 123_456)[0]}
+
+
+def test_frames_outline_the_same_stage_in_both_diagrams():
+    p = P()
+    for k in range(len(all_steps(p))):
+        src = frame_data(p, k)["sources"]
+        for key in ("boxes", "boxes_narrow"):
+            cols = src[key]
+            assert sorted({s for s, w in zip(cols["step"], cols["line_width"]) if w == 4}) == \
+                sorted({s for s, w in zip(src["boxes"]["step"], src["boxes"]["line_width"]) if w == 4})
+        assert len(src["arrows_narrow"]["x0"]) == len(src["arrows"]["x0"])
