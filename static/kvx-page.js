@@ -132,7 +132,7 @@ function showErrors(field, message) {
 }
 
 // A control's label as the reader sees it (the same words the control shows), for messages that would
-// otherwise name the code's field ("gpu count (GPUs)", not "gpu_count").
+// otherwise name the code's field ("gpu count", not "gpu_count").
 function labelOf(field) {
   const widget = names.includes(field) && model(`param:${field}`);
   return (widget && widget.title) || field;
@@ -587,6 +587,7 @@ function plotFontScale() { return html.classList.contains("kvx-present") ? 1.4 :
 function present(on) {
   html.classList.toggle("kvx-present", on);
   scalePlotFonts(plotFontScale());
+  refit();
   const q = new URLSearchParams(location.search);
   if (on) q.set("present", "1"); else q.delete("present");
   const s = q.toString();
@@ -607,6 +608,202 @@ function scalePlotFonts(k) {
                        : size;
       if (value !== m[prop]) m[prop] = value;
     }
+  }
+}
+
+// A plot drawn two ways (tags "kvx:wide" and "kvx:narrow", such as MLA's step diagram): the page shows the one
+// its width calls for.
+function pickByWidth() {
+  for (const m of doc.all_models) {
+    const tags = m.tags || [];
+    if (tags.includes("kvx:narrow")) m.visible = narrow.matches;
+    else if (tags.includes("kvx:wide")) m.visible = !narrow.matches;
+    else continue;
+    const summary = m.name && m.name.startsWith("plot:") && document.getElementById(`kvx-summary-${m.name.slice(5)}`);
+    if (summary) summary.hidden = !m.visible;          // its caption goes with it
+  }
+}
+
+// A plot's title or x-axis label wider than the plot (a phone, classroom fonts) is wrapped into lines, from the
+// text as built, whenever the width or the fonts change.
+const textsAsBuilt = new Map();      // [model, property] key -> the text as built
+function wrapPlotTexts() {
+  const ctx = document.createElement("canvas").getContext("2d");
+  const sizeOf = (size) => (size && typeof size === "object" ? size.value : size);
+  const changed = new Set();
+  for (const view of Bokeh.index.all_views()) {
+    if (!view.frame || !view.model.properties.renderers || !view.model.visible) continue;
+    const plot = view.model, f = view.frame.bbox, width = view.el.getBoundingClientRect().width;
+    const items = [[plot.title, "text", "text", width - f.x0 - 4]];
+    for (const axis of plot.below || []) items.push([axis, "axis_label", "axis_label_text", f.x1 - f.x0]);
+    for (const [m, prop, font, room] of items) {
+      if (!m || typeof m[prop] !== "string" || room <= 0) continue;
+      if (!textsAsBuilt.has(m)) textsAsBuilt.set(m, m[prop]);
+      const built = textsAsBuilt.get(m);
+      ctx.font = `${m[`${font}_font_style`]} ${sizeOf(m[`${font}_font_size`])} ${m[`${font}_font`]}`;
+      const text = built.includes("\n") ? built : wrapTo(built, room, measureWith(ctx));
+      if (text !== m[prop]) {
+        m[prop] = text;
+        changed.add(view);
+      }
+    }
+  }
+  // A title's lines change the plot's layout, not only its paint: laid out again once Bokeh has the new text.
+  setTimeout(() => {
+    for (const view of changed) view.invalidate_layout();
+    setTimeout(() => {
+      for (const view of changed) {      // the paint between the text and the layout can leave ink Bokeh's clear misses
+        const canvas = view.canvas_view.primary.canvas, ctx = canvas.getContext("2d");
+        ctx.save();
+        ctx.setTransform(1, 0, 0, 1, 0, 0);
+        ctx.clearRect(0, 0, canvas.width, canvas.height);
+        ctx.restore();
+        view.request_repaint();
+      }
+    }, 50);
+  }, 50);
+}
+let refitting = null;
+function refit() {
+  cancelAnimationFrame(refitting);
+  refitting = requestAnimationFrame(() => requestAnimationFrame(wrapPlotTexts));
+}
+
+// ---- labels inside their plot ----------------------------------------------------------------------------
+// A label at x = value (a bar's value, a point's note) runs past the plot's right edge when the value is near
+// the end of the axis, the more so on a phone. Each is placed when it is drawn, from its measured width: a
+// label that would cross the frame's right edge ends at its anchor instead (inside the bar, haloed in white),
+// a note (a text glyph) moves left just enough, and one that fits neither way is wrapped into lines.
+function measureWith(ctx) {
+  return (text) => Math.max(...text.split("\n").map((line) => ctx.measureText(line).width));
+}
+
+function wrapTo(text, room, width) {
+  const lines = [];
+  for (const word of text.split(/\s+/)) {
+    const last = lines.length - 1;
+    if (last >= 0 && width(`${lines[last]} ${word}`) <= room) lines[last] += ` ${word}`;
+    else lines.push(word);
+  }
+  return lines.join("\n");
+}
+
+function withHalo(ctx, draw) {
+  ctx.fillText = function (...args) {
+    const { strokeStyle, lineWidth, lineJoin } = this;
+    Object.assign(this, { strokeStyle: "rgba(255,255,255,0.9)", lineWidth: 4, lineJoin: "round" });
+    this.strokeText(...args);
+    Object.assign(this, { strokeStyle, lineWidth, lineJoin });
+    return CanvasRenderingContext2D.prototype.fillText.apply(this, args);
+  };
+  try { return draw(); } finally { delete ctx.fillText; }
+}
+
+function labelsStayInside() {
+  const labels = Bokeh.Models.get("LabelSet").prototype.default_view.prototype;
+  const paintText = labels._paint_text;
+  labels._paint_text = function (ctx, i, text, sx, sy, angle) {
+    try { return placeLabel.call(this, ctx, i, text, sx, sy, angle); } catch (err) {
+      return paintText.call(this, ctx, i, text, sx, sy, angle);   // placing failed: drawn where Bokeh put it
+    }
+  };
+  function placeLabel(ctx, i, text, sx, sy, angle) {
+    const { x0, x1 } = this.plot_view.frame.bbox;
+    ctx.save();
+    this.visuals.text.set_vectorize(ctx, i);
+    const width = measureWith(ctx), w = width(text), left = /^(left|start)$/.test(ctx.textAlign);
+    ctx.restore();
+    if (angle !== 0 || this.model.x_units !== "data" || !left || sx + w <= x1 - 1) {
+      return paintText.call(this, ctx, i, text, sx, sy, angle);
+    }
+    const end = sx - 2 * this.x_offset.get(i);              // the anchor, less the offset on its other side
+    if (end - w >= x0) return withHalo(ctx, () => paintText.call(this, ctx, i, text, end - w, sy, angle));
+    ctx.save();
+    this.visuals.text.set_vectorize(ctx, i);
+    const lines = wrapTo(text, Math.max(x1 - sx, end - x0), width), lw = width(lines);
+    const px = parseFloat(/([\d.]+)px/.exec(ctx.font)?.[1] || "13");
+    ctx.restore();
+    const at = x1 - sx >= end - x0 ? sx : end - lw;
+    const down = (lines.split("\n").length - 1) * 1.2 * px / 2;      // the lines centred where the one line was
+    return withHalo(ctx, () => paintText.call(this, ctx, i, lines, Math.max(x0, Math.min(at, x1 - lw)), sy + down, angle));
+  }
+  // One label at a data x (Label): moved left just enough, wrapped when wider than the plot.
+  const label = Bokeh.Models.get("Label").prototype.default_view.prototype;
+  const paintLabel = label._paint;
+  label._paint = function (ctx) {
+    const rect = this._rect, box = this._text_box;
+    let moved = null;
+    try { moved = placeOne.call(this, ctx); } catch (err) { moved = null; }
+    if (!moved) return paintLabel.call(this, ctx);
+    Object.assign(this, moved);
+    try { return withHalo(ctx, () => paintLabel.call(this, ctx)); } finally { Object.assign(this, { _rect: rect, _text_box: box }); }
+  };
+  function placeOne(ctx) {
+    const { x0, x1 } = this.plot_view.frame.bbox;
+    const r = this._rect;
+    const left = r.sx - r.anchor.x * r.width;
+    if (this.model.x_units !== "data" || r.angle !== 0 || left + r.width <= x1 - 1 || left < x0 - 0.5) return null;
+    if (r.width <= x1 - x0 - 2) return { _rect: { ...r, sx: r.sx + (x1 - 2 - r.width - left) } };
+    ctx.save();
+    this.visuals.text.set_value(ctx);
+    const text = wrapTo(this._text_box.text, x1 - x0 - r.padding.left - r.padding.right - 2, measureWith(ctx));
+    ctx.restore();
+    const box = new this._text_box.constructor({ text });
+    box.position = { sx: 0, sy: 0, x_anchor: "left", y_anchor: "top" };
+    box.angle = 0;
+    box.align = "auto";
+    box.visuals = this.visuals.text.values();
+    const size = box.size();
+    const width = size.width + r.padding.left + r.padding.right, height = size.height + r.padding.top + r.padding.bottom;
+    return { _text_box: box, _rect: { ...r, width, height, sx: x0 + r.anchor.x * width } };
+  }
+  const notes = Bokeh.Models.get("Text").prototype.default_view.prototype;
+  const paintNotes = notes._paint;
+  notes._paint = function (ctx, indices, data) {
+    let placed;
+    try { placed = placeNotes.call(this, ctx, indices, data); } catch (err) { placed = null; }
+    if (!placed) return paintNotes.call(this, ctx, indices, data);
+    const rest = Array.from(indices).filter((i) => !placed.wrapped.has(i));
+    paintNotes.call(this, ctx, rest, { ...data, sx: placed.sx });
+    // A note wider than the plot, in lines, drawn as Bokeh draws a note (its own box, at its left edge).
+    const { sy, y_offset } = { ...this, ...data };
+    for (const [i, { box, left, height }] of placed.wrapped) {
+      if (!this.visuals.text.v_doit(i)) continue;
+      ctx.save();
+      ctx.translate(left + this.padding.left, sy[i] + y_offset.get(i) - this.anchor_.get(i).y * height + this.padding.top);
+      box.paint(ctx);
+      ctx.restore();
+    }
+  };
+  // Where each note goes (null: all stay where they are), and those wider than the plot wrapped into lines.
+  function placeNotes(ctx, indices, data) {
+    const { x0, x1 } = this.renderer.plot_view.frame.bbox;
+    const { sx, x_offset, angle } = { ...this, ...data };
+    const wrapped = new Map();
+    let moved = null;
+    for (const i of indices) {
+      const label = this.labels[i];
+      if (!label || angle.get(i) !== 0) continue;
+      const w = this.swidth[i];
+      const left = sx[i] + x_offset.get(i) - this.anchor_.get(i).x * w;
+      if (left + w <= x1 - 1 || left < x0 - 0.5) continue;
+      moved = moved || Float64Array.from(sx);
+      if (w <= x1 - x0 - 2) {                                 // moved left just enough
+        moved[i] += x1 - 2 - w - left;
+        continue;
+      }
+      ctx.save();
+      this.visuals.text.set_vectorize(ctx, i);
+      const text = wrapTo(label.text, x1 - x0 - this.padding.left - this.padding.right, measureWith(ctx));
+      ctx.restore();
+      const box = new label.constructor({ text });
+      box.visuals = this.visuals.text.values(i);
+      box.position = { sx: 0, sy: 0, x_anchor: "left", y_anchor: "top" };
+      box.align = "auto";
+      const height = box.size().height + this.padding.top + this.padding.bottom;
+      wrapped.set(i, { box, left: x0, height });
+    }
+    return moved && { sx: moved, wrapped };
   }
 }
 
@@ -710,13 +907,17 @@ window.kvx = { onControl: () => { if (!state.suppress) request(); }, anim: anima
 
 // Python starts before BokehJS has drawn (it takes 1-2 s on a loaded machine): the two overlap.
 // Nothing in the worker's replies touches Bokeh until the reader changes something, which needs the doc.
+labelsStayInside();                      // before the first paint
 const drawn = whenBokehReady();
 startWorker();
 doc = await drawn;
 improveWidgets();
+pickByWidth();
 if (new URLSearchParams(location.search).get("present") === "1") present(true);
 else if (narrow.matches) scalePlotFonts(plotFontScale());
-narrow.addEventListener("change", () => scalePlotFonts(plotFontScale()));
+refit();
+narrow.addEventListener("change", () => { pickByWidth(); scalePlotFonts(plotFontScale()); refit(); });
+window.addEventListener("resize", refit);
 state.params = cfg.defaults;
 apply(cfg.baked, false);
 html.setAttribute("data-kvx-drawn", String(Math.round(performance.now())));   // first plot, ms since navigation

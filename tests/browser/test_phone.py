@@ -1,6 +1,8 @@
 """Every explainer on a phone (360x740, touch) and a laptop (1280x800): no sideways scroll, every control
 reachable and working, axe-core with no critical or serious violation, the view's URL (with `step`) opening
-the same view; plus the pieces issue 17 asked for one at a time (help as a disclosure, one frame per arrow
+the same view, no text a plot draws running out of its frame or its canvas (measured from the canvas's own
+fillText calls), MLA's step diagram with no two labels overlapping, and on a phone the first control above
+the first readout; plus the pieces issue 17 asked for one at a time (help as a disclosure, one frame per arrow
 on the slider, suggestion lists closing on Tab, an emptied box saying so, plots that do not pan, a bad
 `step` clamped, classroom mode, "Run it here" retrying after Retry-After). Screenshots of every page at
 both sizes land in test-results/screenshots/ (phone-<slug>.png, laptop-<slug>.png)."""
@@ -25,6 +27,71 @@ SIZES = {
 }
 SLUGS = sorted(REGISTRY)
 
+# Every text a plot draws on its canvas, with its box in CSS px of that canvas: fillText is wrapped before the
+# page loads, and each canvas's list starts again when the canvas is cleared for a new paint.
+CANVAS_TEXTS = r"""(() => {
+  const drawn = new WeakMap();
+  window.kvxCanvasTexts = drawn;
+  const P = CanvasRenderingContext2D.prototype, fill = P.fillText, clear = P.clearRect;
+  P.clearRect = function (x, y) {
+    if (x <= 0 && y <= 0) drawn.set(this.canvas, Object.assign([], { size: `${this.canvas.width}x${this.canvas.height}` }));
+    return clear.apply(this, arguments);
+  };
+  P.fillText = function (text, x, y) {
+    const m = this.measureText(text), t = this.getTransform();
+    const k = this.canvas.width / (this.canvas.clientWidth || this.canvas.width);
+    const xs = [], ys = [];
+    for (const px of [x - m.actualBoundingBoxLeft, x + m.actualBoundingBoxRight]) {
+      for (const py of [y - m.actualBoundingBoxAscent, y + m.actualBoundingBoxDescent]) {
+        xs.push((t.a * px + t.c * py + t.e) / k);
+        ys.push((t.b * px + t.d * py + t.f) / k);
+      }
+    }
+    const size = `${this.canvas.width}x${this.canvas.height}`;     // a resized canvas starts blank
+    if (!drawn.has(this.canvas) || drawn.get(this.canvas).size !== size) drawn.set(this.canvas, Object.assign([], { size }));
+    if (String(text).trim()) drawn.get(this.canvas).push({ text: String(text), x0: Math.min(...xs), x1: Math.max(...xs),
+                                                           y0: Math.min(...ys), y1: Math.max(...ys) });
+    return fill.apply(this, arguments);
+  };
+})();"""
+
+PLOTS_DRAWN = """() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => {
+  const plots = [];
+  for (const v of Bokeh.index.all_views()) {
+    if (!v.frame || !v.canvas_view || !v.model.properties.renderers || !v.model.visible) continue;
+    const texts = [v.canvas_view.primary, v.canvas_view.overlays]
+      .flatMap(layer => window.kvxCanvasTexts.get(layer.canvas) || []);
+    const f = v.frame.bbox;
+    plots.push({ title: v.model.title ? v.model.title.text : '', frame: { x0: f.x0, x1: f.x1, y0: f.y0, y1: f.y1 },
+                 width: v.el.getBoundingClientRect().width, texts });
+  }
+  done(plots);
+})))"""
+
+
+def texts_past_the_frame(plots) -> list[str]:
+    """Texts that start inside a plot's frame and run past its right edge (a bar's value cut off)."""
+    out = []
+    for p in plots:
+        f = p["frame"]
+        for t in p["texts"]:
+            inside = f["y0"] <= (t["y0"] + t["y1"]) / 2 <= f["y1"] and f["x0"] - 1 <= t["x0"] < f["x1"]
+            if inside and t["x1"] > f["x1"] + 1:
+                out.append(f"{p['title'][:40]!r}: {t['text']!r} ends at {t['x1']:.0f} px, the frame at {f['x1']:.0f}")
+    return out
+
+
+def texts_cut_off(plots) -> list[str]:
+    """Texts (titles, axis labels) that run past the edge of their plot's canvas."""
+    return [f"{p['title'][:40]!r}: {t['text']!r} spans {t['x0']:.0f}-{t['x1']:.0f} px of {p['width']:.0f}"
+            for p in plots for t in p["texts"] if t["x0"] < -1 or t["x1"] > p["width"] + 1]
+
+
+def overlapping(texts) -> list[tuple[str, str]]:
+    def meet(a, b):
+        return min(a["x1"], b["x1"]) - max(a["x0"], b["x0"]) > 0.5 and min(a["y1"], b["y1"]) - max(a["y0"], b["y0"]) > 0.5
+    return [(a["text"], b["text"]) for i, a in enumerate(texts) for b in texts[i + 1:] if meet(a, b)]
+
 
 @pytest.fixture(scope="module")
 def contexts(browser):
@@ -35,6 +102,7 @@ def contexts(browser):
     def get(size: str):
         if size not in made:
             ctx = browser.new_context(**SIZES[size], bypass_csp=True)
+            ctx.add_init_script(CANVAS_TEXTS)
             ctx.blocked = []
 
             def guard(route, ctx=ctx):
@@ -126,8 +194,22 @@ def test_page_fits_is_reachable_accessible_and_linkable(open_page, site_url, siz
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{size}-{slug}.png"), full_page=True)
 
-    # Every control is on screen after scrolling to it (not off to the side, not covered) and enabled.
+    # No text runs out of its plot's frame (a bar's value at the end of the axis), and the step diagram's
+    # labels do not overlap (on a phone, MLA draws it in rows that fit).
+    plots = page.evaluate(PLOTS_DRAWN)
+    assert texts_past_the_frame(plots) == []
+    assert texts_cut_off(plots) == []
+    for p in plots:
+        if p["title"].startswith("One decode step of one MLA layer"):
+            assert overlapping(p["texts"]) == [], p["title"]
+    assert slug != "mla" or any(p["title"].startswith("One decode step") for p in plots)
+    # On a phone the first controls come before the readouts.
     specs = e.params.describe()
+    if size == "phone":
+        first, card = control(page, specs[0]).bounding_box(), page.locator(".kvx-readout").first.bounding_box()
+        assert first["y"] < card["y"], (first, card)
+
+    # Every control is on screen after scrolling to it (not off to the side, not covered) and enabled.
     for spec in specs:
         in_view(page, control(page, spec), width)
     animated = page.evaluate("!!Bokeh.documents[0].get_model_by_name('anim:play')")
