@@ -488,6 +488,8 @@ function startWorker() {
       if (state.queuedFrame !== null) { const k = state.queuedFrame; state.queuedFrame = null; requestFrame(k); }
     } else if (msg.type === "failed") {
       setStatus(`Python could not start (${msg.message}); the plots keep the precomputed values.`, "failed");
+    } else if (msg.type === "warmed") {
+      if (msg.reply.ok) warmDrawing(msg.reply.data);
     } else if (msg.type === "result") {
       state.pythonMs = msg.ms;
       onResult(msg.id, msg.reply);
@@ -504,6 +506,18 @@ function startWorker() {
   worker.postMessage({ type: "init", wheel: new URL(cfg.wheel, location.href).href,
                        pyodide: new URL(cfg.pyodide, location.href).href,
                        snapshot: cfg.snapshot && new URL(cfg.snapshot, location.href).href });
+}
+
+// The reader's first change also paid for the first run of Bokeh's update and drawing paths (JavaScript is
+// compiled as it runs): once the worker has evaluated the opening parameters, give every source that same data
+// again, which draws the same picture and compiles those paths before the reader's first change.
+function warmDrawing(data) {
+  if (state.latest !== 0 || !data.sources) return;               // the reader was quicker: nothing to warm
+  for (const [key, cols] of Object.entries(data.sources)) {
+    if (anim() && key === anim().source) continue;               // cumulative: showFrame owns it
+    sent.set(key, cols);
+    model(`source:${key}`).data = cols;                          // equal columns: forced, on purpose
+  }
 }
 
 // Nothing asked yet: evaluate the opening parameters once so the reader's first change does not pay

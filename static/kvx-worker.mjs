@@ -2,6 +2,7 @@
 // Messages in:  {type: "init", wheel, pyodide, snapshot}  then  {type: "run", id, slug, params}
 //               | {type: "warm", slug, params} (an evaluation whose reply nobody needs: see below)
 // Messages out: {type: "ready", ms, from: "snapshot" | "boot"} | {type: "failed", message} | {type: "result", id, reply}
+//               | {type: "warmed", reply} (the opening parameters' reply, after a "warm")
 //               | {type: "progress", id, share, text} (during a long run)
 // Pyodide's folder is named by its content hash (site/assets.py), so the page passes its URL and the
 // worker imports it from there rather than from a fixed relative path.
@@ -11,7 +12,7 @@ let warmUpValues = () => [];
 let starting = null;
 let current = null;          // the id of the request Python is working on
 let asked = false;           // a real request has come: the warm-up stops
-const WARM_UP_MS = 1500;     // the warm-up's budget after ready (one to two seconds of a reader's reading)
+const WARM_UP_MS = 700;      // the warm-up's budget after ready: done before a reader's first change (about a second)
 // A long replay (a big uploaded trace) reports how far it is; the page shows it while Python works.
 self.kvxProgress = (share, text) => self.postMessage({ type: "progress", id: current, share, text });
 
@@ -82,7 +83,10 @@ self.onmessage = async (event) => {
     // evaluations at other seeds (registry.warm_up_values: why), one task each, so a real change that
     // comes meanwhile waits for one evaluation at most, and none after it.
     await starting;
-    try { pageJson(msg.slug, JSON.stringify(msg.params)); } catch (err) { /* a real run will report it */ }
+    try {
+      const reply = JSON.parse(pageJson(msg.slug, JSON.stringify(msg.params)));
+      self.postMessage({ type: "warmed", reply });          // the page warms its drawing with it (same picture)
+    } catch (err) { /* a real run will report it */ }
     const t0 = performance.now();
     for (const change of warmUpValues(msg.slug)) {
       await new Promise((resolve) => setTimeout(resolve, 0));
