@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from bokeh.layouts import column
-from bokeh.models import DataRange1d, FactorRange, HoverTool, LabelSet, NumeralTickFormatter
+from bokeh.models import DataRange1d, FactorRange, HoverTool, LabelSet, Legend, LegendItem, NumeralTickFormatter
 from bokeh.plotting import figure
 
 from kvx.site import widgets
@@ -19,11 +19,14 @@ def layout(params_cls, values: dict, data: dict):
                        x_range=DataRange1d(start=0, range_padding=1.4, range_padding_units="percent"),
                        toolbar_location=None, title="Bytes one decode step reads (weights, then cache)", name="plot:bytes",
                        x_axis_label="GB per step (decimal)")
-    bytes_fig.hbar_stack(["weights_gb", "cache_gb"], y="variant", height=0.6, color=[COLORS[0], COLORS[1]],
-                         source=src["bytes"], legend_label=["weights", "KV cache"])
+    stack = bytes_fig.hbar_stack(["weights_gb", "cache_gb"], y="variant", height=0.6, color=[COLORS[0], COLORS[1]],
+                                 source=src["bytes"])
     bytes_fig.add_layout(LabelSet(x="total_gb", y="variant", text="label", source=src["bytes"], x_offset=8,
                                   y_offset=-8, text_font_size="13px"))
-    bytes_fig.legend.location = "bottom_right"
+    # Above the bars, not over them: on a phone the bars' labels wrap and a legend inside would cover one.
+    bytes_fig.add_layout(Legend(items=[LegendItem(label="weights", renderers=[stack[0]]),
+                                       LegendItem(label="KV cache", renderers=[stack[1]])],
+                                orientation="horizontal", location="top_left"), "above")
     bytes_fig.add_tools(HoverTool(tooltips=[("", "@variant"), ("weights", "@weights_gb{0.000} GB"),
                                             ("cache", "@cache_gb{0.000} GB"), ("step", "@ms{0.000} ms")]))
 
