@@ -47,13 +47,26 @@ def kernels_md(k: dict) -> list[str]:
     lines = [f"Device: {d['device']} ({d['device_name']}, torch {d['torch']}, {d['threads']} threads). "
              f"Baseline: this machine's copy bandwidth in the same run, {k['copy_bytes_per_s'] / 1e9:.1f} GB/s.", "",
              "MLA decode, one layer of the trained MLA model, batch 1, float32 (time; bytes the formula says "
-             "move ÷ time, as a share of copy bandwidth):", "",
-             "| context | naive | plain MHA cache | absorbed | absorbed ÷ MHA cache |", "|---:|---:|---:|---:|---:|"]
+             "move ÷ time, as a share of the machine's copy bandwidth and, after the semicolon, of a copy the "
+             "size of the cache, which like the cache fits in L3):", "",
+             "| context | naive | plain MHA cache | absorbed | absorbed, the previous kernel | absorbed ÷ MHA cache "
+             "(previous) |", "|---:|---:|---:|---:|---:|---:|"]
+    forms = ("naive", "materialized", "absorbed", "absorbed_old")
     for row in k["mla"]:
-        cells = [f"{row[f]['seconds'] * 1e3:.3f} ms ({row[f]['bandwidth_share']:.1%})"
-                 for f in ("naive", "materialized", "absorbed")]
+        cells = []
+        for f in forms:
+            if f not in row:
+                cells.append("-")
+                continue
+            small = f"; {row[f]['cache_copy_share']:.1%}" if "cache_copy_share" in row[f] else ""
+            cells.append(f"{row[f]['seconds'] * 1e3:.3f} ms ({row[f]['bandwidth_share']:.1%}{small})")
+        old = (f" ({row['absorbed_old']['seconds'] / row['materialized']['seconds']:.2f}×)"
+               if "absorbed_old" in row else "")
         lines.append(f"| {row['context']:,} | " + " | ".join(cells) +
-                     f" | {row['absorbed']['seconds'] / row['materialized']['seconds']:.2f}× |")
+                     f" | {row['absorbed']['seconds'] / row['materialized']['seconds']:.2f}×{old} |")
+    if k["mla"] and "absorbed_implementation" in k["mla"][0]:
+        lines += ["", f"Absorbed: {k['mla'][0]['absorbed_implementation']}; the previous kernel: "
+                      f"{k['mla'][0].get('absorbed_old_implementation', '-')}."]
     lines += ["", "Paged vs contiguous decode, batch 8:", "", "| context | paged | contiguous | paged ÷ contiguous "
               "| max error | paged share of copy bandwidth |", "|---:|---:|---:|---:|---:|---:|"]
     for row in k["paged"]:
