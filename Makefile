@@ -20,6 +20,7 @@ $(BIN)/kvx: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -e '.[kernels,hf,test]'
 	$(BIN)/pip install -q --no-deps '$(KVPRESS)'
+	$(BIN)/kvx build-kernels    # the server's fused CPU kernels, for this CPU (seconds; without cc, PyTorch runs)
 	touch $@
 
 setup: $(BIN)/kvx

@@ -124,6 +124,19 @@ def cmd_bake(args) -> int:
     return 0
 
 
+def cmd_build_kernels(args) -> int:
+    """Compile the fused CPU kernels the server loads (it never compiles them itself). A shape that cannot be
+    built is said and skipped: the server then runs the PyTorch kernel."""
+    try:
+        from kvx.site.native import build_all
+    except ImportError as err:                    # PyTorch absent: there is nothing to build for
+        print(f"no kernels to build: {err}")
+        return 0
+    for (latent, rope), where in build_all([tuple(w) for w in args.mla]).items():
+        print(f"mla latent {latent}, rope {rope}: {where}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="kvx", description="KV-cache explainers you can run.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -147,6 +160,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--site", default=None, help="the built site (default: $KVX_SITE_DIR or build/site)")
     p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("build-kernels", help="compile the server's fused CPU kernels for this machine (needs cc)")
+    p.add_argument("--mla", nargs=2, type=int, action="append", default=[], metavar=("LATENT", "ROPE"),
+                   help="also build the MLA kernel for this latent and RoPE width")
+    p.set_defaults(func=cmd_build_kernels)
     p = sub.add_parser("train", help="train one of the project's tiny models (deterministic; needs torch)")
     p.add_argument("name")
     p.add_argument("--steps", type=int)

@@ -17,10 +17,11 @@ the weighted sum keeps three heads' outputs in registers. The query is absorbed 
 applied, in the same call. Per token it does the formula's 2 x heads x (latent + rope) + 2 x heads x latent
 FLOPs.
 
-The C source is compiled with the system's C compiler (`cc`, or $CC) the first time a layer shape needs it,
-about a second, specialised for that latent and RoPE width and for this CPU (-march=native), and cached in a
-private directory keyed by the source, the flags and the CPU's feature flags ($KVX_KERNEL_CACHE, else
-~/.cache/kvx/kernels). Anything else, or any failure to build or load, falls back to the PyTorch kernel
+The C source is compiled ahead of time by `kvx build-kernels` (kvx.site.native; `make setup` runs it) with the
+system's C compiler (`cc`, or $CC), about a second a shape, specialised for each latent and RoPE width and for
+this CPU (-march=native), into a private directory keyed by the source, the flags and the CPU's feature flags
+($KVX_KERNEL_CACHE, else ~/.cache/kvx/kernels); the server only loads it, and never runs a compiler. A shape
+not built, anything else, or any failure to load falls back to the PyTorch kernel
 (`mla.absorbed_matmul`): another device (CUDA, meta), another dtype, a latent or RoPE width that is not a
 multiple of 8, more than 64 heads x new tokens, or KVX_FUSED_KERNELS=0. With more than one PyTorch thread the
 tokens are split between that many threads (pieces of at least 8,192 tokens), merged by their softmax maxima.
@@ -35,7 +36,6 @@ import os
 import platform
 import shutil
 import stat
-import subprocess
 import tempfile
 import threading
 from pathlib import Path
@@ -314,31 +314,25 @@ def cache_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="kvx-kernels-"))     # private (0700), this process only
 
 
-def _build(latent: int, rope: int) -> Path:
-    cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None:
-        raise FileNotFoundError("no C compiler (cc) on PATH")
-    errors = []
+def plans(latent: int, rope: int) -> list[tuple[str, list[str], Path]]:
+    """How the library for this latent and RoPE width is built, best first (this CPU's instructions, then
+    generic): (compiler, flags, where the library goes). The builder (kvx.site.native, `kvx build-kernels`)
+    compiles into these paths; this module only loads from them, so the server never runs a compiler."""
+    cc = shutil.which(os.environ.get("CC", "cc")) or "cc"
+    out = []
     for arch in (["-march=native"], []):
         flags = ["-O3", *arch, "-fPIC", "-shared", f"-DCD={latent}", f"-DPD={rope}"]
         key = hashlib.sha256("\0".join([SOURCE, cc, *flags, platform.machine(), _cpu_flags()]).encode()).hexdigest()
-        out = cache_dir() / f"mla_{latent}_{rope}_{key[:16]}.so"
-        if out.exists():
-            return out
-        src = out.with_suffix(f".{os.getpid()}.c")
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        src.write_text(SOURCE)
-        try:
-            r = subprocess.run([cc, *flags, "-o", str(tmp), str(src), "-lm", "-pthread"], capture_output=True,
-                               text=True, timeout=120)
-            if r.returncode == 0:
-                os.replace(tmp, out)                  # atomic: a process reading the cache sees all or nothing
-                return out
-            errors.append(r.stderr[-500:])
-        finally:
-            src.unlink(missing_ok=True)
-            tmp.unlink(missing_ok=True)
-    raise RuntimeError("compiling the fused MLA kernel failed: " + " | ".join(errors))
+        out.append((cc, flags, cache_dir() / f"mla_{latent}_{rope}_{key[:16]}.so"))
+    return out
+
+
+def _built(latent: int, rope: int) -> Path:
+    for _, _, path in plans(latent, rope):
+        if path.exists():
+            return path
+    raise FileNotFoundError(f"the fused MLA kernel is not built for a {latent}-number latent and {rope}-number "
+                            f"RoPE key on this CPU (run `kvx build-kernels`)")
 
 
 def _function(latent: int, rope: int):
@@ -349,7 +343,7 @@ def _function(latent: int, rope: int):
     with _lock:
         if key not in _libs:
             try:
-                fn = ctypes.CDLL(str(_build(latent, rope))).mla_absorbed_decode
+                fn = ctypes.CDLL(str(_built(latent, rope))).mla_absorbed_decode
                 i, f, p, n = ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_long
                 fn.argtypes = [i, i, i, i, i, i, i, f, p, n, n, n, p, n, n, n, p, p, p, p, n, n, p, n, n, p]
                 fn.restype = i

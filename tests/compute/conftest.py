@@ -48,3 +48,14 @@ def run_async():
     """asyncio.run in a thread of its own: after the browser tests, Playwright's sync API keeps an event
     loop running in the main thread for the session, and asyncio.run refuses to start inside it."""
     return _run_in_own_thread
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fused_kernels_built():
+    """The fused CPU kernels, built as `make setup` builds them (the server only loads them); a machine without
+    a C compiler runs the PyTorch kernels, and the fused kernel's own tests skip."""
+    try:
+        from kvx.site.native import build_all
+    except ImportError:                          # no PyTorch: no kernels
+        return
+    build_all()
