@@ -81,13 +81,13 @@ def main() -> int:
     blocks = CACHE_TOKENS // traces.BLOCK_SIZE
     parts = {share: records[: round(len(records) * share)] for share in (0.1, 0.3, 1.0)}
     # Each replay is timed alone, from a collected heap, and each slice keeps its fastest: the machine is
-    # shared, so a slow run is someone else's load. Smaller slices get more runs (1/share times 5), so
+    # shared, so a slow run is someone else's load. Smaller slices get more runs (1/share times 10, at most 50), so
     # every slice's fastest is picked from about the same span of time. CPU time (process_time) is
     # reported next to wall time for the same reason.
     best: dict = {}
     for rnd in range(50):
         for share, part in parts.items():
-            if rnd >= 5 * round(1 / share):
+            if rnd >= 10 * round(1 / share):
                 continue
             for name, fn in (("replay", replay), ("baseline", baseline)):
                 gc.collect()
