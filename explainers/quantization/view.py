@@ -15,7 +15,7 @@ def layout(params_cls, values: dict, data: dict):
     src = widgets.sources(data)
     names = data["variants"]
 
-    bytes_fig = figure(height=280, sizing_mode="stretch_width", y_range=FactorRange(*reversed(names)),
+    bytes_fig = figure(height=340, sizing_mode="stretch_width", y_range=FactorRange(*reversed(names)),
                        x_range=DataRange1d(start=0, range_padding=1.4, range_padding_units="percent"),
                        toolbar_location=None, title="Bytes one decode step reads (weights, then cache)", name="plot:bytes",
                        x_axis_label="GB per step (decimal)")
