@@ -16,13 +16,18 @@ KIND_COLORS = ["#6b7280", "#d97706", "#0891b2", "#059669"]          # MHA, GQA, 
 FORM_COLORS = {"naive": "#dc2626", "materialized": "#6b7280", "absorbed": "#7c3aed"}
 
 
-def _boxes(fig, source):
-    """The tensors as boxes, each with its shape and name above it: the same in both diagrams."""
-    fig.quad(left="x0", right="x1", bottom="y0", top="y1", source=source, fill_color="color",
+def _stages(fig, bands, boxes, band_baseline: str) -> None:
+    """The stages' headings and the tensors as boxes, each with its shape and name above it, on a bare plot:
+    the same in both diagrams."""
+    fig.grid.visible = False
+    fig.outline_line_color = None
+    fig.text(x="x", y="y", text="text", source=bands, text_font_size="16px", text_font_style="bold",
+             text_color="#111827", text_baseline=band_baseline)
+    fig.quad(left="x0", right="x1", bottom="y0", top="y1", source=boxes, fill_color="color",
              fill_alpha="alpha", line_color="line_color", line_width="line_width")
-    fig.text(x="label_x", y="label_y", text="shape", source=source, text_font_size="14px",
+    fig.text(x="label_x", y="label_y", text="shape", source=boxes, text_font_size="14px",
              text_alpha="text_alpha", text_baseline="bottom", y_offset=-2, text_color="#374151")
-    fig.text(x="label_x", y="label_y", text="name", source=source, text_font_size="15px",
+    fig.text(x="label_x", y="label_y", text="name", source=boxes, text_font_size="15px",
              text_font_style="bold", text_alpha="text_alpha", text_baseline="bottom", y_offset=-19,
              text_color="#111827")
 
@@ -32,11 +37,7 @@ def _diagram(src, x_range):
                  y_range=Range1d(-122, 19), name="plot:diagram", toolbar_location=None, x_axis_location=None,
                  y_axis_location=None, min_border_left=10,
                  title="One decode step of one MLA layer (box sides ∝ √ of each dimension; S = cached tokens)")
-    fig.grid.visible = False
-    fig.outline_line_color = None
-    fig.text(x="x", y="y", text="text", source=src["bands"], text_font_size="16px", text_font_style="bold",
-             text_color="#111827", text_baseline="bottom")
-    _boxes(fig, src["boxes"])
+    _stages(fig, src["bands"], src["boxes"], "bottom")
     fig.add_layout(Arrow(source=src["arrows"], x_start="x0", y_start="y0", x_end="x1", y_end="y1",
                          line_width=2, line_alpha="alpha", line_color="#374151",
                          end=VeeHead(size=10, line_color="#374151", line_alpha=0.9)))
@@ -54,11 +55,7 @@ def _narrow_diagram(src, y_range):
                  x_axis_location=None, y_axis_location=None, min_border_left=4, min_border_right=4,
                  min_border_bottom=0, title=N_TITLE, tags=["kvx:narrow"], visible=False,
                  name="plot:diagram_narrow")
-    fig.grid.visible = False
-    fig.outline_line_color = None
-    fig.text(x="x", y="y", text="text", source=src["bands_narrow"], text_font_size="16px", text_font_style="bold",
-             text_color="#111827", text_baseline="top")
-    _boxes(fig, src["boxes_narrow"])
+    _stages(fig, src["bands_narrow"], src["boxes_narrow"], "top")
     fig.multi_line(xs="xs", ys="ys", source=src["rails_narrow"], line_width=2, line_alpha="alpha", line_color="#374151")
     fig.add_layout(Arrow(source=src["arrows_narrow"], x_start="x0", y_start="y0", x_end="x1", y_end="y1",
                          line_width=2, line_alpha="alpha", line_color="#374151",
