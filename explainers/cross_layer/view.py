@@ -21,7 +21,7 @@ LINES = {"raw": ("#6b7280", "its own attention in bf16, every layer caching"),
 def _waterfall(src, data):
     names = data["sources"]["stages"]["stage"]
     x0, x1 = data["ranges"]["stages_x"]
-    fig = figure(height=300, sizing_mode="stretch_width", x_axis_type="log", toolbar_location=None, name="plot:stages",
+    fig = figure(height=420, sizing_mode="stretch_width", x_axis_type="log", toolbar_location=None, name="plot:stages",
                  y_range=FactorRange(*reversed(names)), x_range=Range1d(x0, x1, name="range:stages_x"),
                  title="Bytes cached per token of context, one axis at a time (light: what that step removed)",
                  x_axis_label="bytes per token, all layers (log scale)")
