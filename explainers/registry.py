@@ -250,7 +250,7 @@ def _strict_json(reply: dict) -> str:
 # The browser's Python (WebAssembly) runs slower until the engine has compiled its hot functions with its
 # optimising compiler, which it does only after they have run for a while: measured in Chromium, the first
 # twenty changes on a simulation page took 2-3x as long in Python as the next twenty. So right after it is
-# ready the worker evaluates the page at a few other seeds (real work: a cached answer compiles nothing)
+# ready the worker evaluates the page at a few other values (real work: a cached answer compiles nothing)
 # while the reader is still reading, stopping as soon as a real change comes.
 WARM_UP_RUNS = 6
 

@@ -42,10 +42,16 @@ function sameColumns(a, b) {
   }
   return true;
 }
-function setData(key, cols) {
-  if (sameColumns(sent.get(key), cols)) return;
+function setData(key, cols, force = false) {
+  if (!force && sameColumns(sent.get(key), cols)) return;
   sent.set(key, cols);
   model(`source:${key}`).data = cols;
+}
+// A reply's sources, all but a cumulative animation's (showFrame gives that one the rows up to the frame).
+function setSources(sources, force = false) {
+  for (const [key, cols] of Object.entries(sources)) {
+    if (!(anim() && key === anim().source)) setData(key, cols, force);
+  }
 }
 const anim = () => state.data.animation;
 const lastFrame = () => (anim() ? anim().frames - 1 : 0);
@@ -237,9 +243,7 @@ function onResult(id, reply) {
 function apply(data, keepFrame) {
   const wasAtEnd = state.frame >= lastFrame();
   state.data = data;
-  for (const [key, cols] of Object.entries(data.sources)) {
-    if (!(anim() && key === anim().source)) setData(key, cols);   // cumulative: showFrame
-  }
+  setSources(data.sources);
   for (const [name, [start, end]] of Object.entries(data.ranges || {})) {
     const r = model(`range:${name}`);
     r.start = start;
@@ -513,15 +517,12 @@ function startWorker() {
 // again, which draws the same picture and compiles those paths before the reader's first change.
 function warmDrawing(data) {
   if (state.latest !== 0 || !data.sources) return;               // the reader was quicker: nothing to warm
-  for (const [key, cols] of Object.entries(data.sources)) {
-    if (anim() && key === anim().source) continue;               // cumulative: showFrame owns it
-    sent.set(key, cols);
-    model(`source:${key}`).data = cols;                          // equal columns: forced, on purpose
-  }
+  setSources(data.sources, true);                                // equal columns: forced, on purpose
 }
 
 // Nothing asked yet: evaluate the opening parameters once so the reader's first change does not pay
-// for the model's lazy imports and cold caches. Its reply is not sent back; a real change queues behind it.
+// for the model's lazy imports and cold caches; the worker sends that reply back as "warmed" (warmDrawing),
+// then warms up at other values, and a real change stops it.
 function warmUp() {
   const params = {};
   for (const k of names) params[k] = cfg.defaults[k] === null ? "" : String(cfg.defaults[k]);

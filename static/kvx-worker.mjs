@@ -1,6 +1,6 @@
 // Runs the explainer's Python model in Pyodide, off the main thread, so the page never freezes.
 // Messages in:  {type: "init", wheel, pyodide, snapshot}  then  {type: "run", id, slug, params}
-//               | {type: "warm", slug, params} (an evaluation whose reply nobody needs: see below)
+//               | {type: "warm", slug, params} (the opening parameters, evaluated before any change: see below)
 // Messages out: {type: "ready", ms, from: "snapshot" | "boot"} | {type: "failed", message} | {type: "result", id, reply}
 //               | {type: "warmed", reply} (the opening parameters' reply, after a "warm")
 //               | {type: "progress", id, share, text} (during a long run)
@@ -80,7 +80,7 @@ self.onmessage = async (event) => {
   } else if (msg.type === "warm") {
     // Right after ready, with nothing asked yet: the first evaluation pays for lazy imports and cold
     // caches (7-181 ms measured), so pay it now rather than on the reader's first change. Then a few
-    // evaluations at other seeds (registry.warm_up_values: why), one task each, so a real change that
+    // evaluations at other values (registry.warm_up_values: why), one task each, so a real change that
     // comes meanwhile waits for one evaluation at most, and none after it.
     await starting;
     try {

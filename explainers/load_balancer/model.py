@@ -410,9 +410,7 @@ class Served:
 class Snapshot(typing.NamedTuple):
     """One replica when a request has just been routed (a named tuple: up to 200 are taken per router and
     replica in a run, and a frozen dataclass's __init__ cost a fifth of the run)."""
-    # owner -> blocks its prefix cache holds, zeros included: a plain copy, sorted only for the one frame drawn
-    # (`cache`), since up to 200 are kept per router and replica
-    tally: dict
+    tally: dict         # owner -> blocks cached, zeros included: a plain copy, sorted only when drawn (`cache`)
     running: tuple      # request indices being prefilled (0 or 1)
     waiting: tuple      # request indices at the head of the queue (at most QUEUE_SHOWN), first to last
     queued: int         # requests waiting in all
