@@ -280,17 +280,33 @@ class Simulation:
 
     With record=True it keeps one row per step in `cols` (COLUMNS: tokens stored, slots allocated, requests
     running, waiting and done, whether memory was short, and the running totals of the preemption counters).
+
+    Every running request decodes in every decode step, so their progress is one clock: `tick` counts decode
+    steps, and a running request has written base[id] + tick tokens. A stretch of plain steps then moves one
+    number instead of every request; completions come off a heap keyed by the tick of each request's last token,
+    and (paged) the running requests are grouped by the tick at which they next need a block, so a step looks
+    only at those that take one.
     """
 
     def __init__(self, p: PagingParams, kind: str, record: bool = False, reqs: list[Request] | None = None):
         self.p, self.kind = p, kind
         self.alloc = ReserveAllocator(p) if kind == "reserve" else PagedAllocator(p)
         self.reqs = workload(p) if reqs is None else reqs          # ids 0, 1, ... in arrival order
+        n = len(self.reqs)
         self.pending = collections.deque(self.reqs)     # not yet arrived
         self.waiting: collections.deque[Request] = collections.deque()   # arrived, not running (new or preempted)
         self.running: list[Request] = []                # in admission order
-        self.generated = [0] * len(self.reqs)           # tokens sampled so far
-        self.written = [0] * len(self.reqs)             # tokens whose KV is stored (0 unless running)
+        self.tick = 0                                   # decode steps so far
+        self.base = [0] * n                             # running: tokens written - tick
+        self.sampled = [0] * n                          # not running: tokens sampled so far
+        self.admission = [-1] * n                       # running: its admission number; else -1
+        self.admissions = 0
+        self.finishes: list[tuple[int, int, int]] = []  # heap: (tick of its last token, admission, request)
+        # paged: running requests by phase (-base % block_size: a request takes a block in the decode steps whose
+        # tick % block_size equals it), each list in admission order, and how many each holds
+        bs = self.alloc.bs if kind == "paged" else 0
+        self.phases: list[list[Request]] = [[] for _ in range(bs)]
+        self.phase_counts = [0] * bs
         self.stored_total = 0
         self.done = 0
         self.preemptions = self.recomputed = self.refound = self.swapped = 0
@@ -304,6 +320,22 @@ class Simulation:
     def finished(self) -> bool:
         return self.done == len(self.reqs)
 
+    @property
+    def written(self) -> list[int]:
+        """Tokens whose KV is stored, per request (0 unless running)."""
+        out = [0] * len(self.reqs)
+        for r in self.running:
+            out[r.id] = self.base[r.id] + self.tick
+        return out
+
+    @property
+    def generated(self) -> list[int]:
+        """Tokens sampled so far, per request: a running one stores all but the last it sampled."""
+        out = list(self.sampled)
+        for r in self.running:
+            out[r.id] = self.base[r.id] + self.tick - r.prompt + 1
+        return out
+
     def clone(self) -> "Simulation":
         """An independent copy that records nothing: a checkpoint to resume from (see `run`).
 
@@ -312,7 +344,9 @@ class Simulation:
         c = Simulation.__new__(Simulation)
         c.p, c.kind, c.reqs, c.alloc = self.p, self.kind, self.reqs, self.alloc.clone()
         c.pending, c.waiting = collections.deque(self.pending), collections.deque(self.waiting)
-        c.running, c.generated, c.written = list(self.running), list(self.generated), list(self.written)
+        c.running, c.tick, c.base, c.sampled = list(self.running), self.tick, list(self.base), list(self.sampled)
+        c.admission, c.admissions, c.finishes = list(self.admission), self.admissions, list(self.finishes)
+        c.phases, c.phase_counts = [list(b) for b in self.phases], list(self.phase_counts)
         c.stored_total, c.done, c.short, c.now = self.stored_total, self.done, self.short, self.now
         c.preemptions, c.recomputed, c.refound, c.swapped = (self.preemptions, self.recomputed, self.refound,
                                                              self.swapped)
@@ -320,7 +354,43 @@ class Simulation:
         return c
 
     def stored(self, r: Request) -> int:
-        return self.written[r.id]
+        return self.base[r.id] + self.tick if self.admission[r.id] >= 0 else 0
+
+    # -- a request starts or stops running
+    def _start(self, r: Request, tokens: int) -> None:
+        """r runs with `tokens` written, and samples its next token in this step."""
+        rid, base = r.id, tokens - self.tick
+        self.base[rid], self.admission[rid] = base, self.admissions
+        self.admissions += 1
+        # its last token is sampled when prompt + output - 1 are written, one a decode step from now on
+        heapq.heappush(self.finishes, (self.tick + r.prompt + r.output - 1 - tokens, self.admission[rid], rid))
+        self.running.append(r)
+        if self.phases:
+            phase = -base % self.alloc.bs
+            self.phases[phase].append(r)
+            self.phase_counts[phase] += 1
+
+    def _stop(self, r: Request, last: bool) -> int:
+        """r stops running (the latest admitted if last); returns the tokens it had written."""
+        rid = r.id
+        written = self.base[rid] + self.tick
+        self.sampled[rid] = written - r.prompt + 1
+        self.admission[rid] = -1
+        if last:
+            self.running.pop()
+        if self.phases:
+            phase = -self.base[rid] % self.alloc.bs
+            members = self.phases[phase]
+            members.pop() if last else members.remove(r)
+            self.phase_counts[phase] -= 1
+        return written
+
+    def _next_finish(self) -> int:
+        """The tick at which the next running request samples its last token (entries of preempted ones go)."""
+        heap = self.finishes
+        while self.admission[heap[0][2]] != heap[0][1]:
+            heapq.heappop(heap)
+        return heap[0][0]
 
     # -- one step, as nano-vllm's Scheduler.schedule() and postprocess() do it
     def step(self) -> None:
@@ -328,85 +398,79 @@ class Simulation:
         while self.pending and self.pending[0].arrival <= self.now:
             self.waiting.append(self.pending.popleft())
         self.short = False
-        self._sampled(self._prefill() or self._decode())
+        if not self._prefill():
+            self._decode()
+        self._finish()
         if self.cols is not None:
             self._record(1, None)
 
-    def _prefill(self) -> list[Request]:
+    def _prefill(self) -> bool:
         """Admit from the head of the queue while the head fits; each writes the KV of all its tokens."""
-        budget, batch = PREFILL_TOKENS, []
+        budget, admitted = PREFILL_TOKENS, False
         while self.waiting and budget:
             r = self.waiting[0]
-            tokens = r.prompt + self.generated[r.id]
+            before = self.sampled[r.id]
+            tokens = r.prompt + before
             cached = self.alloc.fits(r, tokens, len(self.running))
             if cached is None:
                 self.short = True
                 break
-            if tokens - cached > budget and batch:      # a prompt is < 16,384 tokens: the first always fits
+            if tokens - cached > budget and admitted:   # a prompt is < 16,384 tokens: the first always fits
                 break
             self.waiting.popleft()
             self.alloc.admit(r, tokens, cached)
-            if self.generated[r.id]:                    # it had been preempted: its cache comes back
+            if before:                                  # it had been preempted: its cache comes back
                 if self.p.on_full == "swap":
                     self.swapped += tokens - 1
                 else:                                   # the last token's KV was never written: it is new work
                     self.recomputed += tokens - 1 - cached
                     self.refound += cached
             budget -= tokens - cached
-            self.written[r.id] = tokens
             self.stored_total += tokens
-            self.running.append(r)
-            batch.append(r)
-        return batch
+            self._start(r, tokens)
+            admitted = True
+        return admitted
 
-    def _decode(self) -> list[Request]:
-        """Every running request writes the KV of its last sampled token; the latest admitted makes room."""
-        queue, batch = collections.deque(self.running), []
-        while queue:
-            r = queue.popleft()
-            w = self.written[r.id]
-            while not self.alloc.append(r, w):
-                self.short = True
-                if queue:
-                    self._preempt(queue.pop())
-                else:
-                    self._preempt(r)
-                    break
-            else:
-                self.written[r.id] = w + 1
-                self.stored_total += 1
-                batch.append(r)
-        self.running = batch
-        return batch
+    def _decode(self) -> None:
+        """Every running request writes the KV of its last sampled token. One that needs a block when none is
+        free preempts the latest admitted not yet served in this step (itself, if that is it)."""
+        if self.phases:
+            t = self.tick
+            for r in list(self.phases[t % self.alloc.bs]):     # the requests whose next token opens a block
+                if self.admission[r.id] < 0:                    # preempted earlier in this step
+                    continue
+                while not self.alloc.append(r, self.base[r.id] + t):
+                    self.short = True
+                    victim = self.running[-1]
+                    self._preempt(victim)
+                    if victim is r:
+                        break
+        self.tick += 1
+        self.stored_total += len(self.running)
 
     def _preempt(self, victim: Request) -> None:
-        w = self.written[victim.id]
+        w = self._stop(victim, last=True)
         self.alloc.release(victim, keep=w)
         if self.p.on_full == "swap":
             self.swapped += w
         self.stored_total -= w
-        self.written[victim.id] = 0
         self.waiting.appendleft(victim)
         self.preemptions += 1
 
-    def _sampled(self, batch: list[Request]) -> None:
-        """Each request in the batch samples a token; one that has all its output is done and frees its memory."""
-        for r in batch:
-            self.generated[r.id] += 1
-        self._finish(batch)
-
-    def _finish(self, batch: list[Request]) -> None:
-        """The requests of the batch that have all their output are done and free their memory, in batch order."""
-        ended = False
-        for r in batch:
-            if self.generated[r.id] == r.output:
-                self.alloc.release(r)
-                self.stored_total -= self.written[r.id]
-                self.written[r.id] = 0
-                self.done += 1
-                ended = True
+    def _finish(self) -> None:
+        """The requests that have sampled all their output are done and free their memory, in admission order."""
+        heap, ended = self.finishes, False
+        while heap and heap[0][0] <= self.tick:
+            _, admission, rid = heapq.heappop(heap)
+            if self.admission[rid] != admission:       # preempted since: a later entry stands for it
+                continue
+            r = self.reqs[rid]
+            self.stored_total -= self._stop(r, last=False)
+            self.alloc.release(r)
+            self.done += 1
+            ended = True
         if ended:
-            self.running = [r for r in self.running if self.generated[r.id] < r.output]
+            self.running = [r for r in self.running if self.admission[r.id] >= 0]
 
     def _record(self, steps: int, grown: list[int] | None, waiting: list[int] | None = None) -> None:
         """Rows for the last `steps` steps; grown[j], if given, is how many blocks step j took, and waiting[j]
@@ -444,14 +508,14 @@ class Simulation:
         In such steps every running request writes one token and takes a block when it crosses into a new one,
         so they can be taken together (skip) with exactly the outcome of stepping one at a time; requests that
         sample their last token in the last step then finish, as they would at the end of that step. Also
-        returns, for paged memory, each running request's room (the steps before it next needs a block), and
-        whether requests finish in the last step.
+        returns, for paged memory, how many running requests are each number of steps (0 to block_size - 1)
+        from needing a block, and whether requests finish in the last step.
         """
         if self.waiting and not self.running:
             return 0, None, False                         # the head fits an empty memory: it is admitted next step
         if self.waiting:                                # it stays out: memory only fills during plain steps
             head = self.waiting[0]
-            if self.alloc.fits(head, head.prompt + self.generated[head.id], len(self.running)) is not None:
+            if self.alloc.fits(head, head.prompt + self.sampled[head.id], len(self.running)) is not None:
                 return 0, None, False
         k = limit
         if self.pending and not self.waiting:           # behind a head that stays out, arrivals only queue
@@ -460,48 +524,41 @@ class Simulation:
                 return 0, None, False
         finish = math.inf
         if self.running:
-            gen = self.generated
-            finish = min([r.output - gen[r.id] for r in self.running])    # steps to the first completion
+            finish = self._next_finish() - self.tick      # steps to the first completion
             k = min(k, finish)
         elif not self.pending:
             return 0, None, False
         if k <= 1:
             return 0, None, False
-        if not isinstance(self.alloc, PagedAllocator) or not self.running:
+        if not self.phases or not self.running:
             return k, None, k == finish
-        # A request next writes past its last block `room` steps from now (0 <= room < block_size), then every
-        # block_size steps: each cycle of block_size steps takes one block per request. The stretch ends before
-        # the step that would find the free list empty.
-        bs, tables, n = self.alloc.bs, self.alloc.tables, len(self.running)
-        rooms = [len(tables[r.id]) * bs - self.written[r.id] for r in self.running]
-        counts = [0] * bs
-        for room in rooms:
-            counts[room] += 1
+        # Each cycle of block_size steps takes one block per request, the requests `room` steps from needing one
+        # in the cycle's step `room`. The stretch ends before the step that would find the free list empty.
+        bs, s = self.alloc.bs, self.tick % self.alloc.bs
+        counts = self.phase_counts[s:] + self.phase_counts[:s]           # by room
         before = list(itertools.accumulate(counts, initial=0))     # blocks taken in a cycle's first m steps
-        cycles, left = divmod(self.alloc.nfree, n)
+        cycles, left = divmod(self.alloc.nfree, len(self.running))
         k = min(k, cycles * bs + bisect.bisect_right(before, left, 0, bs) - 1)
-        return k, rooms, k == finish
+        return k, counts, k == finish
 
-    def skip(self, k: int, rooms: list[int] | None, finish: bool = False) -> None:
+    def skip(self, k: int, counts: list[int] | None, finish: bool = False) -> None:
         """Take k plain steps at once (see plain_steps), the blocks in the order stepping would take them:
         step by step, and within a step in running order. With finish, the requests that sampled their last
         token in the last step then finish, and that step's row says so."""
         grown = None
-        if rooms is not None:
+        if counts is not None:
             bs, n = self.alloc.bs, len(self.running)
-            counts = [0] * bs
-            for room in rooms:
-                counts[room] += 1
-            order = sorted(range(n), key=rooms.__getitem__)          # one cycle's takers, in the order they take
             cycles, rest = divmod(k, bs)
             blocks = self.alloc.take(cycles * n + sum(counts[:rest]))
-            for q, pos in enumerate(order):
-                self.alloc.tables[self.running[pos].id].extend(blocks[q::n])
+            # one cycle's takers, in the order they take: by room, then in running order
+            s = self.tick % bs
+            order = itertools.chain.from_iterable(self.phases[(s + j) % bs] for j in range(min(k, bs)))
+            tables = self.alloc.tables
+            for q, r in enumerate(order):
+                tables[r.id].extend(blocks[q::n])
             self.alloc.used += len(blocks) * bs
             grown = list(itertools.islice(itertools.cycle(counts), k))
-        for r in self.running:
-            self.written[r.id] += k
-            self.generated[r.id] += k
+        self.tick += k
         self.stored_total += len(self.running) * k
         waiting = None
         if self.pending and self.pending[0].arrival <= self.now + k:     # they join the queue, nothing else
@@ -516,7 +573,7 @@ class Simulation:
         if self.cols is not None:
             self._record(k, grown, waiting)
         if finish:
-            self._finish(self.running)
+            self._finish()
             if self.cols is not None:                  # the last row is the state after the step, finishing done
                 for col in self.cols.values():
                     col.pop()
@@ -527,9 +584,9 @@ class Simulation:
         `checkpoints`, append a copy of the simulation every CHECKPOINT_STEPS steps or so."""
         mark = self.now + CHECKPOINT_STEPS
         while self.now < step and not self.finished:
-            k, rooms, finish = self.plain_steps(step - self.now) if fast else (0, None, False)
+            k, counts, finish = self.plain_steps(step - self.now) if fast else (0, None, False)
             if k > 1:
-                self.skip(k, rooms, finish)
+                self.skip(k, counts, finish)
             else:
                 self.step()
             if checkpoints is not None and self.now >= mark:
@@ -548,10 +605,10 @@ class Simulation:
         out = []
         if self.kind == "reserve":
             for rid, (start, size) in self.alloc.chunks.items():
-                out.append((rid, start, size, self.written[rid]))
+                out.append((rid, start, size, self.base[rid] + self.tick))
             return out
         for rid, table in self.alloc.tables.items():
-            left = self.written[rid]
+            left = self.base[rid] + self.tick
             for block in table:
                 n = min(left, self.p.block_size)
                 out.append((rid, block * self.p.block_size, self.p.block_size, n))
