@@ -33,6 +33,7 @@ import random
 from ..core.params import ParamError, Params, choice, integer
 from ..core.summaries import pct, summaries
 from ..core.units import thousands
+from .record import Record, Segment
 
 ROW_SLOTS = 512                 # the memory maps wrap every 512 token slots
 PREFILL_TOKENS = 16_384         # tokens one prefill step may compute: nano-vllm's max_num_batched_tokens default
@@ -271,15 +272,14 @@ class PagedAllocator:
 
 
 # ---- the simulation ------------------------------------------------------------------------------------
-COLUMNS = ("stored", "in_use", "running", "waiting", "done", "short", "preemptions", "recomputed", "refound",
-           "swapped")
 
 
 class Simulation:
     """One allocator serving the whole stream, an engine step per call to step().
 
-    With record=True it keeps one row per step in `cols` (COLUMNS: tokens stored, slots allocated, requests
-    running, waiting and done, whether memory was short, and the running totals of the preemption counters).
+    With record=True it keeps the run in `record`, a segment per stretch of steps (record.COLUMNS: tokens stored,
+    slots allocated, requests running, waiting and done, whether memory was short, and the running totals of the
+    preemption counters); `cols` expands it to a row per step.
 
     Every running request decodes in every decode step, so their progress is one clock: `tick` counts decode
     steps, and a running request has written base[id] + tick tokens. A stretch of plain steps then moves one
@@ -312,9 +312,7 @@ class Simulation:
         self.preemptions = self.recomputed = self.refound = self.swapped = 0
         self.short = False                              # this step, memory kept a request out or from growing
         self.now = -1
-        self.cols = {c: [] for c in COLUMNS} if record else None
-        # The columns constant between events, in the order _record writes them.
-        self._flat = [self.cols[c] for c in COLUMNS[2:]] if record else None
+        self.record = Record(bs) if record else None
 
     @property
     def finished(self) -> bool:
@@ -350,7 +348,7 @@ class Simulation:
         c.stored_total, c.done, c.short, c.now = self.stored_total, self.done, self.short, self.now
         c.preemptions, c.recomputed, c.refound, c.swapped = (self.preemptions, self.recomputed, self.refound,
                                                              self.swapped)
-        c.cols = c._flat = None
+        c.record = None
         return c
 
     def stored(self, r: Request) -> int:
@@ -401,8 +399,8 @@ class Simulation:
         if not self._prefill():
             self._decode()
         self._finish()
-        if self.cols is not None:
-            self._record(1, None)
+        if self.record is not None:
+            self._record(1)
 
     def _prefill(self) -> bool:
         """Admit from the head of the queue while the head fits; each writes the KV of all its tokens."""
@@ -472,33 +470,19 @@ class Simulation:
         if ended:
             self.running = [r for r in self.running if self.admission[r.id] >= 0]
 
-    def _record(self, steps: int, grown: list[int] | None, waiting: list[int] | None = None) -> None:
-        """Rows for the last `steps` steps; grown[j], if given, is how many blocks step j took, and waiting[j]
-        how many requests waited after it (plain steps; else the counts now)."""
-        c, n = self.cols, len(self.running)
-        if steps == 1:
-            c["stored"].append(self.stored_total)
-            c["in_use"].append(self.alloc.used)
-        else:
-            c["stored"].extend(range(self.stored_total - n * (steps - 1), self.stored_total + 1, n) if n
-                               else [self.stored_total] * steps)
-            if grown is None:
-                c["in_use"].extend([self.alloc.used] * steps)
-            else:
-                bs = self.alloc.bs
-                c["in_use"].extend(itertools.accumulate((g * bs for g in grown),
-                                                        initial=self.alloc.used - sum(grown) * bs))
-                c["in_use"].pop(-steps - 1)             # accumulate's initial value is the step before
-        values = (n, len(self.waiting), self.done, self.short, self.preemptions, self.recomputed, self.refound,
-                  self.swapped)
-        if steps == 1:
-            for col, value in zip(self._flat, values):
-                col.append(value)
-        else:
-            for col, value in zip(self._flat, values):
-                col.extend([value] * steps)
-            if waiting is not None:
-                c["waiting"][-steps:] = waiting
+    @property
+    def cols(self) -> dict[str, list]:
+        """The recorded run, a row per step."""
+        return self.record.columns()
+
+    def _record(self, steps: int, grown: list[int] | None = None, arrived: list[int] | None = None,
+                stored: int | None = None, used: int | None = None) -> None:
+        """A segment for the last `steps` steps, ending with `stored` tokens in `used` slots (default: now); grown[j],
+        if given, is how many blocks step j took, and arrived[j] how many requests waited after it."""
+        self.record.add(Segment(steps, self.stored_total if stored is None else stored,
+                                self.alloc.used if used is None else used, grown, arrived, len(self.running),
+                                len(self.waiting), self.done, self.short, self.preemptions, self.recomputed,
+                                self.refound, self.swapped))
 
     # -- many steps at once, where nothing happens but decoding
     def plain_steps(self, limit: int) -> tuple[int, list[int] | None, bool]:
@@ -566,18 +550,21 @@ class Simulation:
             while self.pending and self.pending[0].arrival <= self.now + k:
                 arrived.append(self.pending[0].arrival)
                 self.waiting.append(self.pending.popleft())
-            if self.cols is not None:
+            if self.record is not None:
                 waiting = [base + bisect.bisect_right(arrived, t) for t in range(self.now + 1, self.now + k + 1)]
         self.now += k
         self.short = bool(self.waiting)
-        if self.cols is not None:
-            self._record(k, grown, waiting)
-        if finish:
-            self._finish()
-            if self.cols is not None:                  # the last row is the state after the step, finishing done
-                for col in self.cols.values():
-                    col.pop()
-                self._record(1, None)
+        if not finish:
+            if self.record is not None:
+                self._record(k, grown, waiting)
+            return
+        if self.record is not None:            # the stretch but its last step, whose row is after the finishing
+            last_blocks = grown[-1] * self.alloc.bs if grown else 0
+            self._record(k - 1, grown and grown[:-1], waiting and waiting[:-1],
+                         stored=self.stored_total - len(self.running), used=self.alloc.used - last_blocks)
+        self._finish()
+        if self.record is not None:
+            self._record(1)
 
     def run_to(self, step: int, fast: bool = True, checkpoints: list | None = None) -> None:
         """Advance until `step` has run or every request is done; fast takes plain steps together. With
@@ -627,7 +614,7 @@ def allocator_key(p: PagingParams, kind: str) -> tuple:
     return (kind, *stream, *((p.reserve,) if kind == "reserve" else (p.block_size, p.on_full)))
 
 
-_runs: collections.OrderedDict[tuple, dict] = collections.OrderedDict()    # allocator key -> the run's columns
+_runs: collections.OrderedDict[tuple, Record] = collections.OrderedDict()    # allocator key -> the run
 _live: collections.OrderedDict[tuple, Simulation] = collections.OrderedDict()   # allocator key -> a simulation
 # allocator key -> copies of the run's simulation along the way, in step order: a frame before the live
 # simulation's step (the page's opening frame, a step back) resumes from the nearest, not from step 0.
@@ -649,23 +636,23 @@ def clear_caches() -> None:
     _checkpoints.clear()
 
 
-def run(p: PagingParams, kind: str) -> dict[str, list]:
-    """One allocator's row per step (Simulation.cols) until every request has finished or MAX_STEPS."""
+def run(p: PagingParams, kind: str) -> Record:
+    """One allocator's run (Simulation.record) until every request has finished or MAX_STEPS."""
     key = allocator_key(p, kind)
-    cols = _runs.get(key)
-    if cols is None:
+    record = _runs.get(key)
+    if record is None:
         sim, checkpoints = Simulation(p, kind, record=True), []
         sim.run_to(MAX_STEPS - 1, checkpoints=checkpoints)
-        cols = sim.cols
-        _remember(_runs, key, cols)
+        record = sim.record
+        _remember(_runs, key, record)
         _remember(_checkpoints, key, checkpoints)
         _remember(_live, key, sim)                  # the last frame is then free to draw
     else:
         _runs.move_to_end(key)
-    return cols
+    return record
 
 
-def history(p: PagingParams) -> dict[str, dict[str, list]]:
+def history(p: PagingParams) -> dict[str, Record]:
     return {kind: run(p, kind) for kind in KINDS}
 
 
@@ -682,35 +669,12 @@ def state_at(p: PagingParams, kind: str, k: int) -> Simulation:
     return sim
 
 
-def summarize(cols: dict[str, list], p: PagingParams) -> dict:
-    steps, stored, running = len(cols["stored"]), cols["stored"], cols["running"]
-    # Over every step of the run (up to 50,000 rows): compress and map keep the loops in C.
-    busy = list(itertools.compress(stored, cols["short"]))
-    slack = map(operator.sub, itertools.compress(cols["in_use"], running), itertools.compress(stored, running))
-    waste = list(map(operator.truediv, slack, itertools.compress(running, running))) or [0.0]
-    allocated = sum(cols["in_use"])
-    return {
-        "steps": steps,
-        "finished_requests": cols["done"][-1],
-        "stopped_early": cols["done"][-1] < p.requests,
-        "steps_memory_short": len(busy),
-        # None when memory never kept a request out or from growing: the share is then not about capacity.
-        "token_state_share_busy": sum(busy) / len(busy) / p.memory_slots if busy else None,
-        "token_state_share_mean": sum(stored) / steps / p.memory_slots,
-        "token_state_share_of_allocated": sum(stored) / allocated if allocated else 0.0,
-        "peak_running": max(running),
-        "mean_running": sum(running) / steps,
-        "preemptions": cols["preemptions"][-1],
-        "recomputed_tokens": cols["recomputed"][-1],
-        "refound_tokens": cols["refound"][-1],
-        "swapped_tokens": cols["swapped"][-1],
-        "mean_waste_per_request_slots": sum(waste) / len(waste),
-        "max_waste_per_request_slots": max(waste),
-    }
+def summarize(record: Record, p: PagingParams) -> dict:
+    return record.summary(p.memory_slots, p.requests)
 
 
 def evaluate(p: PagingParams) -> dict:
-    out = {kind: summarize(cols, p) for kind, cols in history(p).items()}
+    out = {kind: summarize(record, p) for kind, record in history(p).items()}
     return {"reserve": out["reserve"], "paged": out["paged"],
             "reserve_token_state_share": out["reserve"]["token_state_share_busy"],
             "paged_token_state_share": out["paged"]["token_state_share_busy"]}
@@ -763,7 +727,7 @@ FRAMES = 300                  # a long run is shown, and animated, at most this 
 
 def frame_steps(p: PagingParams) -> list[int]:
     """The step each animation frame shows: every step of a short run, evenly spaced for a long one."""
-    n = max(len(cols["stored"]) for cols in history(p).values())
+    n = max(record.steps for record in history(p).values())
     stride = max(1, math.ceil(n / FRAMES))
     return list(range(0, n, stride)) + ([n - 1] if (n - 1) % stride else [])
 
@@ -821,10 +785,9 @@ def series_summaries(series: dict) -> dict:
 
 def busiest_frame(p: PagingParams) -> int:
     """The frame to open on: when the most requests wait for memory (the maps are full), not the empty end."""
-    cols = history(p)["paged"]
-    last = len(cols["running"]) - 1
     steps = frame_steps(p)
-    load = [cols["waiting"][min(k, last)] + cols["running"][min(k, last)] for k in steps]
+    at = history(p)["paged"].at(steps)
+    load = list(map(operator.add, at["waiting"], at["running"]))
     return max(range(len(steps)), key=lambda i: (load[i], -i))
 
 
@@ -832,11 +795,11 @@ def page_data(p: PagingParams, frame: int | None = None) -> dict:
     hist = history(p)
     steps = frame_steps(p)
     series = {"step": steps}
-    for kind, cols in hist.items():
-        at = [min(i, len(cols["stored"]) - 1) for i in steps]
-        series[f"{kind}_share"] = [cols["stored"][i] / p.memory_slots for i in at]
-        series[f"{kind}_running"] = [cols["running"][i] for i in at]
-        series[f"{kind}_preemptions"] = [cols["preemptions"][i] for i in at]
+    for kind, record in hist.items():
+        at = record.at(steps)
+        series[f"{kind}_share"] = [stored / p.memory_slots for stored in at["stored"]]
+        series[f"{kind}_running"] = at["running"]
+        series[f"{kind}_preemptions"] = at["preemptions"]
     r = evaluate(p)
     at = frame_data(p, busiest_frame(p) if frame is None else frame)
     return {
