@@ -124,8 +124,15 @@ class ReserveAllocator:
         self.p = p
         self.chunks: dict[int, tuple[int, int]] = {}       # request -> (start, size)
         self.used = 0
+        self.fit: tuple[int, int | None] | None = None     # the last first fit asked: (size, start), until a change
 
     def _first_fit(self, size: int) -> int | None:
+        if self.fit is not None and self.fit[0] == size:  # the queue's head is asked about at every event
+            return self.fit[1]
+        self.fit = size, self._search(size)
+        return self.fit[1]
+
+    def _search(self, size: int) -> int | None:
         start = 0
         for s, n in sorted(self.chunks.values()):
             if s - start >= size:
@@ -140,19 +147,21 @@ class ReserveAllocator:
         size = reservation(self.p, r)
         self.chunks[r.id] = (self._first_fit(size), size)
         self.used += size
+        self.fit = None
 
     def append(self, r: Request, written: int) -> bool:
         return True                                             # the reservation covers every token
 
     def release(self, r: Request, keep: int = 0) -> None:
         self.used -= self.chunks.pop(r.id)[1]
+        self.fit = None
 
     def reserved(self) -> int:
         return self.used
 
     def clone(self) -> "ReserveAllocator":
         c = ReserveAllocator.__new__(ReserveAllocator)
-        c.p, c.chunks, c.used = self.p, dict(self.chunks), self.used
+        c.p, c.chunks, c.used, c.fit = self.p, dict(self.chunks), self.used, self.fit
         return c
 
 
@@ -198,10 +207,14 @@ class PagedAllocator:
         return list(blocks[:max(0, first - (self.base + self.head) + 1)])
 
     def fits(self, r: Request, tokens: int, running: int) -> int | None:
-        need = self.blocks_for(tokens)
+        need = -(-tokens // self.bs)
         if need > self.nfree or (running + 1) * self.guarantee > self.blocks:
             return None
-        return min(need - 1, len(self.findable(r.id))) * self.bs    # never the last block (nano-vllm)
+        cached = self.cached.get(r.id)
+        if cached is None:
+            return 0
+        findable = min(len(cached[0]), max(0, cached[1] - (self.base + self.head) + 1))     # as findable()
+        return min(need - 1, findable) * self.bs    # never the last block (nano-vllm)
 
     def admit(self, r: Request, tokens: int, cached: int) -> None:
         table = []
@@ -217,6 +230,20 @@ class PagedAllocator:
 
     def take(self, count: int) -> list[int]:
         """The first `count` free blocks; what they held is no longer findable."""
+        q, head = self.queue, self.head
+        if not self.gone or self.gone[0][0] >= self.base + head + count:     # no re-found range in the way
+            out = q[head:head + count]
+            self.head = head + count
+        else:
+            out = self._take_around(count)
+        self.nfree -= count
+        if self.head > 2 * self.blocks:                             # drop what was read, keep the numbering
+            self.base += self.head
+            self.queue, self.head = q[self.head:], 0
+        return out
+
+    def _take_around(self, count: int) -> list[int]:
+        """take(count) where ranges re-found from the middle of the free list are skipped."""
         out, q = [], self.queue
         while len(out) < count:
             need = count - len(out)
@@ -227,10 +254,6 @@ class PagedAllocator:
             else:
                 out.extend(q[self.head:self.head + need])
                 self.head += need
-        self.nfree -= count
-        if self.head > 2 * self.blocks:                             # drop what was read, keep the numbering
-            self.base += self.head
-            self.queue, self.head = q[self.head:], 0
         return out
 
     def append(self, r: Request, written: int) -> bool:
@@ -479,10 +502,10 @@ class Simulation:
                 stored: int | None = None, used: int | None = None) -> None:
         """A segment for the last `steps` steps, ending with `stored` tokens in `used` slots (default: now); grown[j],
         if given, is how many blocks step j took, and arrived[j] how many requests waited after it."""
-        self.record.add(Segment(steps, self.stored_total if stored is None else stored,
-                                self.alloc.used if used is None else used, grown, arrived, len(self.running),
-                                len(self.waiting), self.done, self.short, self.preemptions, self.recomputed,
-                                self.refound, self.swapped))
+        self.record.add(Segment._make((steps, self.stored_total if stored is None else stored,
+                                       self.alloc.used if used is None else used, grown, arrived, len(self.running),
+                                       len(self.waiting), self.done, self.short, self.preemptions, self.recomputed,
+                                       self.refound, self.swapped)))
 
     # -- many steps at once, where nothing happens but decoding
     def plain_steps(self, limit: int) -> tuple[int, list[int] | None, bool]:
@@ -535,8 +558,8 @@ class Simulation:
             cycles, rest = divmod(k, bs)
             blocks = self.alloc.take(cycles * n + sum(counts[:rest]))
             # one cycle's takers, in the order they take: by room, then in running order
-            s = self.tick % bs
-            order = itertools.chain.from_iterable(self.phases[(s + j) % bs] for j in range(min(k, bs)))
+            s, m = self.tick % bs, min(k, bs)
+            order = itertools.chain.from_iterable(self.phases[s:s + m] + self.phases[:max(0, s + m - bs)])
             tables = self.alloc.tables
             for q, r in enumerate(order):
                 tables[r.id].extend(blocks[q::n])
@@ -570,7 +593,8 @@ class Simulation:
         """Advance until `step` has run or every request is done; fast takes plain steps together. With
         `checkpoints`, append a copy of the simulation every CHECKPOINT_STEPS steps or so."""
         mark = self.now + CHECKPOINT_STEPS
-        while self.now < step and not self.finished:
+        total = len(self.reqs)
+        while self.now < step and self.done < total:
             k, counts, finish = self.plain_steps(step - self.now) if fast else (0, None, False)
             if k > 1:
                 self.skip(k, counts, finish)
@@ -589,17 +613,14 @@ class Simulation:
 
     def layout(self) -> list[tuple]:
         """(request, first slot, slots, tokens stored) for every piece of memory in use."""
-        out = []
         if self.kind == "reserve":
-            for rid, (start, size) in self.alloc.chunks.items():
-                out.append((rid, start, size, self.base[rid] + self.tick))
-            return out
+            return [(rid, start, size, self.base[rid] + self.tick) for rid, (start, size) in self.alloc.chunks.items()]
+        out, bs = [], self.p.block_size
         for rid, table in self.alloc.tables.items():
-            left = self.base[rid] + self.tick
-            for block in table:
-                n = min(left, self.p.block_size)
-                out.append((rid, block * self.p.block_size, self.p.block_size, n))
-                left -= n
+            full, rest = divmod(self.base[rid] + self.tick, bs)     # a table holds just the blocks its tokens need
+            out.extend([(rid, block * bs, bs, bs) for block in table[:full]])
+            if rest:
+                out.append((rid, table[full] * bs, bs, rest))
         return out
 
 
@@ -683,26 +704,30 @@ def evaluate(p: PagingParams) -> dict:
 # ---- what the page draws --------------------------------------------------------------------------------
 def memory_map(layout: list[tuple], p: PagingParams, kind: str) -> dict:
     """Rectangles of the memory map at one frame, wrapped into rows of ROW_SLOTS slots."""
-    cols = {"x0": [], "x1": [], "row": [], "request": [], "kind": [], "color": [], "alpha": []}
-
-    def piece(rid, start, size, what):
-        while size > 0:
-            row, x = divmod(start, ROW_SLOTS)
-            n = min(size, ROW_SLOTS - x)
-            cols["x0"].append(x)
-            cols["x1"].append(x + n)
-            cols["row"].append(row)
-            cols["request"].append(rid)
-            cols["kind"].append(what)
-            cols["color"].append(PALETTE[rid % len(PALETTE)])
-            cols["alpha"].append(1.0 if what == "stored" else 0.3)
-            start, size = start + n, size - n
-
-    unused = "reserved" if kind == "reserve" else "last-block slack"
+    pieces = []                     # (request, first slot, end slot, stored?), none across the end of a row
     for rid, start, size, stored in layout:
-        piece(rid, start, stored, "stored")
-        piece(rid, start + stored, size - stored, unused)
-    return cols
+        if start % ROW_SLOTS + size <= ROW_SLOTS:       # the usual case (a block, a short chunk): one row
+            if stored:
+                pieces.append((rid, start, start + stored, True))
+            if size > stored:
+                pieces.append((rid, start + stored, start + size, False))
+            continue
+        for first, n, what in ((start, stored, True), (start + stored, size - stored, False)):
+            while n > 0:
+                end = min(first + n, first - first % ROW_SLOTS + ROW_SLOTS)
+                pieces.append((rid, first, end, what))
+                n -= end - first
+                first = end
+    unused = "reserved" if kind == "reserve" else "last-block slack"
+    # Column by column: a comprehension each is several times faster than appending to seven lists per piece
+    # (in Pyodide most of all).
+    return {"x0": [a % ROW_SLOTS for _, a, _, _ in pieces],
+            "x1": [b - a + a % ROW_SLOTS for _, a, b, _ in pieces],
+            "row": [a // ROW_SLOTS for _, a, _, _ in pieces],
+            "request": [rid for rid, _, _, _ in pieces],
+            "kind": ["stored" if what else unused for _, _, _, what in pieces],
+            "color": [PALETTE[rid % len(PALETTE)] for rid, _, _, _ in pieces],
+            "alpha": [1.0 if what else 0.3 for _, _, _, what in pieces]}
 
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",

@@ -45,6 +45,7 @@ class Record:
         self.segments: list[Segment] = []
         self.bs = block_size
         self.ends: list[int] = []           # the step after each segment's last
+        self._sampled: tuple[list[int], dict] | None = None     # the last `at`: its steps and answer
 
     def add(self, segment: Segment) -> None:
         self.segments.append(segment)
@@ -85,18 +86,24 @@ class Record:
         return out
 
     def at(self, steps: list[int]) -> dict[str, list]:
-        """stored, running, waiting and preemptions at each of the given steps (the last step after the end)."""
-        out = {"stored": [], "running": [], "waiting": [], "preemptions": []}
-        last = self.steps - 1
-        for k in steps:
-            k = min(k, last)
-            i = bisect.bisect_right(self.ends, k)
-            s = self.segments[i]
-            back = self.ends[i] - 1 - k            # steps before the segment's last
-            out["stored"].append(s.stored - s.running * back)
-            out["running"].append(s.running)
-            out["waiting"].append(s.waiting if s.arrived is None else s.arrived[s.steps - 1 - back])
-            out["preemptions"].append(s.preemptions)
+        """stored, running, waiting and preemptions at each of the given steps, in increasing order (a step after
+        the end reads the last). The page asks twice for its frames' steps: the answer is kept for the last list."""
+        if self._sampled is not None and self._sampled[0] == steps:
+            return self._sampled[1]
+        last, ends, segments = self.steps - 1, self.ends, self.segments
+        steps_in = [min(k, last) for k in steps]
+        where, i = [], 0                     # each step's segment, found by walking forward (steps increase)
+        for k in steps_in:
+            while ends[i] <= k:
+                i += 1
+            where.append(i)
+        back = [ends[i] - 1 - k for i, k in zip(where, steps_in)]     # steps before its segment's last
+        picked = [segments[i] for i in where]
+        out = {"stored": [s.stored - s.running * b for s, b in zip(picked, back)],
+               "running": [s.running for s in picked],
+               "waiting": [s.waiting if s.arrived is None else s.arrived[s.steps - 1 - b] for s, b in zip(picked, back)],
+               "preemptions": [s.preemptions for s in picked]}
+        self._sampled = (list(steps), out)
         return out
 
     # -- over every step

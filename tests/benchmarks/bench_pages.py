@@ -115,14 +115,17 @@ def values_to_try(slug: str, changes: int) -> tuple[str, list[str]]:
     return spec["name"], [ring[i % len(ring)] for i in range(changes)]
 
 
-def round_trips(page, slug: str, changes: int) -> list[float]:
+def round_trips(page, slug: str, changes: int) -> tuple[list[float], list[float]]:
+    """Each change's round trip, ms, and Python's share of it (the model's time in the worker, as it reports)."""
     name, values = values_to_try(slug, changes)
     page.evaluate("window.kvx.timings.length = 0")
+    python = []
     for value in values:
         before = page.evaluate("Number(document.documentElement.dataset.kvxApplied || 0)")
         page.evaluate(f"Bokeh.documents[0].get_model_by_name('param:{name}').value = '{value}'")
         page.wait_for_function(f"Number(document.documentElement.dataset.kvxApplied || 0) > {before}")
-    return page.evaluate("Array.from(window.kvx.timings)")
+        python.append(page.evaluate("window.kvx.state.pythonMs"))
+    return page.evaluate("Array.from(window.kvx.timings)"), python
 
 
 def frame_trips(page, steps: int) -> list[float] | None:
@@ -174,7 +177,7 @@ def measure(p, base: str, slug: str, other: str, changes: int, profile: Path, wi
     cold_bytes = wire.take()
     # A reader's first change comes after reading for a moment: 1 s after ready, not within milliseconds.
     page.wait_for_timeout(1000)
-    trips = round_trips(page, slug, changes)
+    trips, python = round_trips(page, slug, changes)
     frames = frame_trips(page, 30)
     wire.take()
     warm = ready_ms(page, f"{base}/{slug}.html")
@@ -185,7 +188,7 @@ def measure(p, base: str, slug: str, other: str, changes: int, profile: Path, wi
     return {
         "cold": cold, "warm": warm, "second_page": {**second, "page": other, "wire_bytes": second_bytes},
         "wire_bytes": {"cold": cold_bytes, "warm": warm_bytes, "second_page": second_bytes},
-        "round_trip_ms": stats(trips),
+        "round_trip_ms": stats(trips), "python_ms": stats(python),
         "first_change_ms": round(trips[0], 2), "rest_median_ms": round(statistics.median(trips[1:]), 2),
         "frame_step_ms": None if not frames else stats(frames),
     }
@@ -226,7 +229,8 @@ def main() -> int:
                 r["first_load_bytes_uncompressed"] = first_load_bytes(site, slug)
                 report["pages"][slug] = r
                 print(slug, json.dumps({k: r[k] for k in ("cold", "cold_ready_over_baseline", "round_trip_ms",
-                                                         "first_change_ms", "rest_median_ms", "wire_bytes")}),
+                                                         "python_ms", "first_change_ms", "rest_median_ms",
+                                                         "wire_bytes")}),
                       flush=True)
             report["baseline_py_ready_ms"] = int(statistics.median(baselines))
         server.should_exit = True
@@ -239,11 +243,12 @@ def main() -> int:
     print(f"baseline (bare Pyodide core in a module worker, cold, before each page): median ready in "
           f"{report['baseline_py_ready_ms']} ms")
     print(f"{'page':16} {'plot':>7} {'ready':>8} {'x base':>6} {'boot':>8} {'1st chg':>8} {'rest':>7} {'p50':>7} "
-          f"{'p95':>7} {'cold MB':>7} {'2nd MB':>6}")
+          f"{'p95':>7} {'py p50':>7} {'py p95':>7} {'cold MB':>7} {'2nd MB':>6}")
     for slug, r in report["pages"].items():
         print(f"{slug:16} {r['cold']['first_plot_ms']:>7} {r['cold']['py_ready_ms']:>8} "
               f"{r['cold_ready_over_baseline']:>6} {r['cold']['boot'] or '-':>8} {r['first_change_ms']:>8} "
               f"{r['rest_median_ms']:>7} {r['round_trip_ms']['median']:>7} {r['round_trip_ms']['p95']:>7} "
+              f"{r['python_ms']['median']:>7} {r['python_ms']['p95']:>7} "
               f"{r['wire_bytes']['cold'] / 1e6:>7.2f} {r['wire_bytes']['second_page'] / 1e6:>6.3f}")
     return 0
 
