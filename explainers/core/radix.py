@@ -146,6 +146,22 @@ class RadixTree:
         tokens[found:found + stored]."""
         tokens = tuple(tokens)
         matched, path = self.match(tokens)
+        return self._grow(tokens, matched, path)
+
+    def store_matched(self, tokens, matched: int, path: list[Node]) -> tuple[int, int]:
+        """store(tokens) for tokens that match(tokens) returned (matched, path) for, with no insert, evict or
+        other match in this tree since (locks may change): that walk would enter the same nodes again, so only
+        its effect is repeated, every node on the path used now. What a replica does when a prefill it started
+        ends: nothing else touches its cache in between."""
+        now = next(self.clock)
+        for n in path:
+            n.last_access = now
+        if path:
+            self._refile(path[-1])
+        return self._grow(tuple(tokens), matched, path)
+
+    def _grow(self, tokens: tuple, matched: int, path: list[Node]) -> tuple[int, int]:
+        """The rest of store, after its walk: hits along the path, then the unmatched tail as a new leaf."""
         for n in path:                               # SGLang's _insert_helper: a hit on every node walked
             n.hits += 1
         node = path[-1] if path else self.root

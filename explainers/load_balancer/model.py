@@ -491,7 +491,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
             r = fleet[x]
             changed.add(x)
             job, r.running = r.running, None
-            held, stored = r.tree.store(job.request.blocks)
+            held, stored = r.tree.store_matched(job.request.blocks, job.blocks, job.path)    # as start left it
             _count(r.tally, w.owners, +1, job.request.blocks[held:held + stored])
             r.tree.lock(job.path, -1)
             r.send(job, -1)

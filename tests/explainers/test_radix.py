@@ -463,3 +463,31 @@ def test_the_heap_evicts_exactly_what_the_walk_did(ops, capacity, policy):
         assert gone_a == gone_b
         assert a.evictable() == {n for n in a.leaves() if n.lock == 0}
     assert sorted(a.sequences()) == sorted(b.sequences())
+
+
+def state(tree) -> list[tuple]:
+    """Every node as (spelled, last use, hits, lock, id), for comparing two trees exactly."""
+    return sorted((spelled(n), n.last_access, n.hits, n.lock, n.id) for n in tree.nodes())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(token_runs, token_runs, token_runs), min_size=1, max_size=30), st.integers(1, 24),
+       st.sampled_from(["lru", "lfu"]))
+def test_store_after_a_match_is_store(requests, capacity, policy):
+    """A replica's prefill: match and lock a prompt, peek other prompts (read only), then store it and unlock.
+    store_matched, which reuses the match instead of walking again, leaves the same tree and evicts the same."""
+    a, b = RadixTree(capacity, policy), RadixTree(capacity, policy)
+    gone_a, gone_b = [], []
+    a.on_evict = lambda leaf: gone_a.append(spelled(leaf))
+    b.on_evict = lambda leaf: gone_b.append(spelled(leaf))
+    for prompt, more, other in requests:
+        tokens = prompt + more
+        (ma, pa), (mb, pb) = a.match(tokens), b.match(tokens)
+        a.lock(pa, +1)
+        b.lock(pb, +1)
+        assert a.peek(other) == b.peek(other)
+        assert a.store(tokens) == b.store_matched(tokens, mb, pb)
+        a.lock(pa, -1)
+        b.lock(pb, -1)
+        assert gone_a == gone_b and state(a) == state(b)
+        assert sorted(map(spelled, a.evictable())) == sorted(map(spelled, b.evictable()))
