@@ -129,6 +129,10 @@ def test_a_failing_or_overlong_job_fails_alone():
 
 def test_busy_server_answers_503_with_retry_after(tmp_path):
     app = create_app(Settings(site_dir=tmp_path, kernel_workers=1, kernel_queue=0))
+    # The one place is held by a job that runs in a thread until released. (The server's own runner sends a job
+    # to its worker process by name, and a process told to run "hold" fails at once, freeing the place before
+    # the request below can meet it: the test then passed or failed by a race.)
+    app.state.jobs = JobRunner(workers=1, queue=0, processes=False)
     release = threading.Event()
     app.state.jobs.submit("hold", {}, lambda p, progress: release.wait(5) and {})
     try:
