@@ -36,6 +36,7 @@ import os
 import platform
 import shutil
 import stat
+import struct
 import tempfile
 import threading
 from pathlib import Path
@@ -67,26 +68,46 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 static inline v8 splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
 static inline v8 load(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
 static inline void store(float *p, v8 v) { memcpy(p, &v, sizeof v); }
+#ifdef __AVX__
+static inline v8 vmax(v8 a, v8 b) { return __builtin_ia32_maxps256(a, b); }      /* a > b ? a : b, as below */
+#else
 static inline v8 vmax(v8 a, v8 b) { v8i gt = a > b; return (v8)(((v8i)a & gt) | ((v8i)b & ~gt)); }
+#endif
 
-/* e^x for x <= 0 (a score minus the running maximum): Cephes' expf polynomial, within about 1 ulp. Below -87
- * it returns about e^-87 (1.6e-38) instead of a denormal; a sum that holds at least one 1 cannot see it. */
-static inline v8 vexp(v8 x) {
-    x = vmax(x, splat(-87.0f));
+/* 2^x for x <= 0 (a score minus the running maximum, scores being in base 2: log2(e) is in the query's scale):
+ * 2^n by the exponent bits, 2^f for f = x - n in [-1/2, 1/2] by Cephes' exp2f polynomial, within about 1 ulp.
+ * Below -125 it returns about 2^-125 (2.4e-38) instead of a denormal; a sum that holds at least one 1 cannot see
+ * it. Six multiply-adds against the eleven multiplies of e^x. */
+static inline v8 vexp2(v8 x) {
+    x = vmax(x, splat(-125.0f));
     const v8 magic = splat(12582912.0f);                  /* 1.5 * 2^23: adding it rounds to an integer */
-    const v8 t = x * splat(1.44269504088896341f) + magic;
-    const v8 n = t - magic;
-    v8 r = x - n * splat(0.693359375f);
-    r = r - n * splat(-2.12194440e-4f);
-    v8 p = splat(1.9875691500E-4f);
-    p = p * r + splat(1.3981999507E-3f);
-    p = p * r + splat(8.3334519073E-3f);
-    p = p * r + splat(4.1665795894E-2f);
-    p = p * r + splat(1.6666665459E-1f);
-    p = p * r + splat(5.0000001201E-1f);
-    p = p * (r * r) + r + splat(1.0f);
-    const v8i two_n = ((v8i)t - (v8i)magic + 127) << 23;
-    return p * (v8)two_n;
+    const v8 t = x + magic;
+    const v8 f = x - (t - magic);
+    v8 p = splat(1.535336188319500E-4f);
+    p = p * f + splat(1.339887440266574E-3f);
+    p = p * f + splat(9.618437357674640E-3f);
+    p = p * f + splat(5.550332471162809E-2f);
+    p = p * f + splat(2.402264791363012E-1f);
+    p = p * f + splat(6.931472028550421E-1f);
+    p = p * f + splat(1.0f);
+    return (v8)((v8i)p + (((v8i)t - (v8i)magic) << 23));
+}
+
+/* vexp2 of four vectors, step by step: four independent chains in program order, which the scheduler overlaps
+ * (one chain at a time is bound by its latency). */
+static inline void vexp2x4(v8 x[4]) {
+    const v8 magic = splat(12582912.0f);
+    v8 t[4], f[4], p[4];
+    for (int i = 0; i < 4; i++) x[i] = vmax(x[i], splat(-125.0f));
+    for (int i = 0; i < 4; i++) t[i] = x[i] + magic;
+    for (int i = 0; i < 4; i++) f[i] = x[i] - (t[i] - magic);
+    for (int i = 0; i < 4; i++) p[i] = splat(1.535336188319500E-4f) * f[i] + splat(1.339887440266574E-3f);
+    for (int i = 0; i < 4; i++) p[i] = p[i] * f[i] + splat(9.618437357674640E-3f);
+    for (int i = 0; i < 4; i++) p[i] = p[i] * f[i] + splat(5.550332471162809E-2f);
+    for (int i = 0; i < 4; i++) p[i] = p[i] * f[i] + splat(2.402264791363012E-1f);
+    for (int i = 0; i < 4; i++) p[i] = p[i] * f[i] + splat(6.931472028550421E-1f);
+    for (int i = 0; i < 4; i++) p[i] = p[i] * f[i] + splat(1.0f);
+    for (int i = 0; i < 4; i++) x[i] = (v8)((v8i)p[i] + (((v8i)t[i] - (v8i)magic) << 23));
 }
 
 static inline float hmax(v8 v) { float m = v[0]; for (int i = 1; i < 8; i++) m = v[i] > m ? v[i] : m; return m; }
@@ -104,28 +125,37 @@ static inline float dot(const float *a, const float *b, int n) {
     return sum;
 }
 
-/* Lane i of the result is the sum of a[i]'s eight lanes (a transpose-sum: 14 shuffles, 7 adds). */
-static inline v8 sum8(const v8 a[8]) {
-    v8 b[4], c[2];
-    for (int i = 0; i < 4; i++)
-        b[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], (v8i){0, 8, 2, 10, 4, 12, 6, 14}) +
-               __builtin_shuffle(a[2 * i], a[2 * i + 1], (v8i){1, 9, 3, 11, 5, 13, 7, 15});
-    for (int i = 0; i < 2; i++)
-        c[i] = __builtin_shuffle(b[2 * i], b[2 * i + 1], (v8i){0, 1, 8, 9, 4, 5, 12, 13}) +
-               __builtin_shuffle(b[2 * i], b[2 * i + 1], (v8i){2, 3, 10, 11, 6, 7, 14, 15});
-    return __builtin_shuffle(c[0], c[1], (v8i){0, 1, 2, 3, 8, 9, 10, 11}) +
-           __builtin_shuffle(c[0], c[1], (v8i){4, 5, 6, 7, 12, 13, 14, 15});
+typedef float v4 __attribute__((vector_size(16)));
+static inline void store4(float *p, v4 v) { memcpy(p, &v, sizeof v); }
+
+/* Lane i of the result is the sum of a[i]'s eight lanes, i < 4: two in-lane shuffle-add steps (vshufps) leave
+ * each 128-bit half holding the four half-sums, and the halves are added. */
+static inline v4 sum4(const v8 a[4]) {
+    const v8i even = {0, 2, 8, 10, 4, 6, 12, 14}, odd = {1, 3, 9, 11, 5, 7, 13, 15};
+    const v8 b0 = __builtin_shuffle(a[0], a[1], even) + __builtin_shuffle(a[0], a[1], odd);
+    const v8 b1 = __builtin_shuffle(a[2], a[3], even) + __builtin_shuffle(a[2], a[3], odd);
+    const v8 c = __builtin_shuffle(b0, b1, even) + __builtin_shuffle(b0, b1, odd);
+    v4 lo, hi;
+    memcpy(&lo, &c, sizeof lo); memcpy(&hi, (const char *)&c + sizeof lo, sizeof hi);
+    return lo + hi;
 }
 
-/* Scores of query rows q[0..nr) against eight tokens, into s[i][j..j+8); each row's running maximum in mx. */
-static inline __attribute__((always_inline)) void scores(int nr, const float *q, const float *const lj[8],
-                                                         const float *const kj[8], float (*s)[CHUNK], int j, v8 *mx) {
-    v8 acc[3][8];
-    for (int i = 0; i < nr; i++) for (int t = 0; t < 8; t++) acc[i][t] = splat(0.0f);
+/* Scores of query rows q[0..nr) (nr <= 3) against four tokens: out[i] holds row i's four scores. Twelve
+ * accumulators (three rows x four tokens, 8 lanes of the dimension each) plus three query vectors and one key
+ * fill AVX2's sixteen registers; the four-token transpose-sum then takes three shuffle-add steps. */
+static inline __attribute__((always_inline)) void scores4(int nr, const float *q, const float *const lj0[4],
+                                                          const float *const kj0[4], v4 *out) {
+    v8 acc[3][4];
+    const float *lj[4], *kj[4];
+    for (int t = 0; t < 4; t++) {  /* read here, from L1: hoisted out of the loop over rows they would not fit */
+        lj[t] = lj0[t]; kj[t] = kj0[t];
+        __asm__("" : "+r"(lj[t]), "+r"(kj[t]));
+    }
+    for (int i = 0; i < nr; i++) for (int t = 0; t < 4; t++) acc[i][t] = splat(0.0f);
     for (int v = 0; v < CV; v++) {
         v8 qv[3];
         for (int i = 0; i < nr; i++) qv[i] = load(q + i * KD + 8 * v);
-        for (int t = 0; t < 8; t++) {
+        for (int t = 0; t < 4; t++) {
             const v8 k = load(lj[t] + 8 * v);
             for (int i = 0; i < nr; i++) acc[i][t] += qv[i] * k;
         }
@@ -133,31 +163,78 @@ static inline __attribute__((always_inline)) void scores(int nr, const float *q,
     for (int v = 0; v < PV; v++) {
         v8 qv[3];
         for (int i = 0; i < nr; i++) qv[i] = load(q + i * KD + CD + 8 * v);
-        for (int t = 0; t < 8; t++) {
+        for (int t = 0; t < 4; t++) {
             const v8 k = load(kj[t] + 8 * v);
             for (int i = 0; i < nr; i++) acc[i][t] += qv[i] * k;
         }
     }
-    for (int i = 0; i < nr; i++) { const v8 sc = sum8(acc[i]); store(&s[i][j], sc); mx[i] = vmax(mx[i], sc); }
+    for (int i = 0; i < nr; i++) out[i] = sum4(acc[i]);
 }
 
-/* o[i] = o[i] * alpha[i] + sum over the chunk's n tokens of p[i][jj] * latent[jj], rows i < nr. A fresh partial
- * sum per chunk keeps the float32 rounding of a 32K-token sum near that of a blocked matmul. */
-static inline __attribute__((always_inline)) void weigh(int nr, float (*p)[CHUNK], const float *lat, long ls, int n,
-                                                        float *o, const float *alpha) {
-    v8 acc[3][CV];
-    for (int i = 0; i < nr; i++) for (int v = 0; v < CV; v++) acc[i][v] = splat(0.0f);
+/* o[i] = o[i] * alpha[i] + sum over the chunk's n tokens of p[i][jj] * latent[jj], rows i < nr (<= 6), latent
+ * vectors [v0, v0 + nv) (nv <= 2): twelve accumulators. A fresh partial sum per chunk keeps the float32 rounding
+ * of a 32K-token sum near that of a blocked matmul. */
+static inline __attribute__((always_inline)) void weigh(int nr, int v0, int nv, float (*p)[CHUNK], const float *lat,
+                                                        long ls, int n, float *o, const float *alpha) {
+    v8 acc[6][2];
+    for (int i = 0; i < nr; i++) for (int u = 0; u < nv; u++) acc[i][u] = splat(0.0f);
     for (int jj = 0; jj < n; jj++) {
-        v8 w[3];
-        for (int i = 0; i < nr; i++) w[i] = splat(p[i][jj]);
-        const float *lj = lat + jj * ls;
-        for (int v = 0; v < CV; v++) {
-            const v8 x = load(lj + 8 * v);
-            for (int i = 0; i < nr; i++) acc[i][v] += w[i] * x;
+        v8 x[2];
+        for (int u = 0; u < nv; u++) x[u] = load(lat + jj * ls + 8 * (v0 + u));
+        for (int i = 0; i < nr; i++) {
+            const v8 w = splat(p[i][jj]);
+            for (int u = 0; u < nv; u++) acc[i][u] += w * x[u];
         }
     }
     for (int i = 0; i < nr; i++)
-        for (int v = 0; v < CV; v++) store(o + i * CD + 8 * v, load(o + i * CD + 8 * v) * splat(alpha[i]) + acc[i][v]);
+        for (int u = 0; u < nv; u++) {
+            float *dst = o + i * CD + 8 * (v0 + u);
+            store(dst, load(dst) * splat(alpha[i]) + acc[i][u]);
+        }
+}
+
+static inline __attribute__((always_inline)) void weigh_rows(int nr, float (*p)[CHUNK], const float *lat, long ls,
+                                                             int n, float *o, const float *alpha) {
+    int v = 0;
+    for (; v + 2 <= CV; v += 2) weigh(nr, v, 2, p, lat, ls, n, o, alpha);
+    if (v < CV) weigh(nr, v, 1, p, lat, ls, n, o, alpha);
+}
+
+/* out[i] = (W[i] . x) / div for rows i < m of W (row stride ldw) over n numbers: four rows at a time, so one load of
+ * x serves four multiply-adds and one transpose-sum finishes four rows. */
+static void gemv(const float *W, long ldw, const float *x, int n, int m, float *out, float div) {
+    const int n8 = n & ~7;
+    int i = 0;
+    for (; i + 4 <= m; i += 4) {
+        v8 acc[4] = {splat(0.0f), splat(0.0f), splat(0.0f), splat(0.0f)};
+        for (int k = 0; k < n8; k += 8) {
+            const v8 xv = load(x + k);
+            for (int u = 0; u < 4; u++) acc[u] += load(W + (i + u) * ldw + k) * xv;
+        }
+        const v4 sums = sum4(acc);
+        for (int u = 0; u < 4; u++) {
+            float t = sums[u];
+            for (int k = n8; k < n; k++) t += W[(i + u) * ldw + k] * x[k];
+            out[i + u] = t / div;
+        }
+    }
+    for (; i < m; i++) out[i] = dot(W + i * ldw, x, n) / div;
+}
+
+/* row[c] = sum over d < D of (x[d] * mul) * W[d][c], c < CD: the query's latent (W_uk absorbed), six vectors of
+ * the row in registers at a time. */
+static void absorb(const float *x, int D, const float *W, float mul, float *row) {
+    for (int c0 = 0; c0 < CV; c0 += 6) {
+        const int nv = CV - c0 < 6 ? CV - c0 : 6;
+        v8 acc[6];
+        for (int u = 0; u < 6; u++) acc[u] = splat(0.0f);
+        for (int d = 0; d < D; d++) {
+            const v8 xd = splat(x[d] * mul);
+            const float *w = W + (long)d * CD + 8 * c0;
+            for (int u = 0; u < 6; u++) if (u < nv) acc[u] += xd * load(w + 8 * u);
+        }
+        for (int u = 0; u < 6; u++) if (u < nv) store(row + 8 * (c0 + u), acc[u]);
+    }
 }
 
 /* Rows q[R][KD] (scaled) over tokens [s0, s1): o[R][CD] is the weighted sum before dividing by l[R], every
@@ -165,42 +242,68 @@ static inline __attribute__((always_inline)) void weigh(int nr, float (*p)[CHUNK
 static void attend(int s0, int s1, int R, const float *q, const float *lat, long ls, const float *kr, long ks,
                    float *o, float *m, float *l) {
     float s[MAXR][CHUNK] __attribute__((aligned(32)));
-    float alpha[MAXR];
-    v8 mx[MAXR];
+    float alpha[MAXR], top[MAXR + 8] = {0}, prev[MAXR + 8] = {0};   /* 8 more: read eight at a time */
     for (int r = 0; r < R; r++) { m[r] = -INFINITY; l[r] = 0.0f; }
     memset(o, 0, sizeof(float) * R * CD);
     for (int j0 = s0; j0 < s1; j0 += CHUNK) {
         const int n = s1 - j0 < CHUNK ? s1 - j0 : CHUNK;
-        for (int r = 0; r < R; r++) mx[r] = splat(-INFINITY);
-        for (int j = 0; j < n; j += 8) {
-            const float *lj[8], *kj[8];
-            for (int t = 0; t < 8; t++) {            /* past the chunk's end: the last token again */
+        for (int j = 0; j < ((n + 7) & ~7); j += 4) {   /* whole 8s: the softmax reads s eight at a time */
+            const float *lj[4], *kj[4];
+            for (int t = 0; t < 4; t++) {            /* past the chunk's end: the last token again */
                 const long tok = j0 + (j + t < n ? j + t : n - 1);
                 lj[t] = lat + tok * ls; kj[t] = kr + tok * ks;
             }
+            v4 sc[3];
             int r = 0;
-            for (; r + 3 <= R; r += 3) scores(3, q + r * KD, lj, kj, s + r, j, mx + r);
-            if (R - r == 2) scores(2, q + r * KD, lj, kj, s + r, j, mx + r);
-            else if (R - r == 1) scores(1, q + r * KD, lj, kj, s + r, j, mx + r);
-        }
-        for (int r = 0; r < R; r++) {                 /* online softmax */
-            const float top = fmaxf(m[r], hmax(mx[r]));
-            alpha[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - top);
-            m[r] = top;
-            v8 sum = splat(0.0f);
-            for (int j = 0; j < n; j += 8) {
-                v8 p = vexp(load(&s[r][j]) - splat(top));
-                if (j + 8 > n) for (int t = n - j; t < 8; t++) p[t] = 0.0f;
-                store(&s[r][j], p);
-                sum += p;
+            for (; r + 3 <= R; r += 3) {
+                scores4(3, q + r * KD, lj, kj, sc);
+                for (int i = 0; i < 3; i++) store4(&s[r + i][j], sc[i]);
             }
-            l[r] = l[r] * alpha[r] + hsum(sum);
+            if (R - r == 2) { scores4(2, q + r * KD, lj, kj, sc); for (int i = 0; i < 2; i++) store4(&s[r + i][j], sc[i]); }
+            else if (R - r == 1) { scores4(1, q + r * KD, lj, kj, sc); store4(&s[r][j], sc[0]); }
+        }
+        for (int r = 0; r < R; r++) {                 /* online softmax: each row's maximum, */
+            v8 mx[2] = {load(&s[r][0]), load(&s[r][0])};
+            int j = 8;
+            for (; j + 16 <= n; j += 16) { mx[0] = vmax(mx[0], load(&s[r][j])); mx[1] = vmax(mx[1], load(&s[r][j + 8])); }
+            for (; j < n; j += 8) mx[0] = vmax(mx[0], load(&s[r][j]));   /* past n: the last token's score again */
+            prev[r] = m[r];
+            top[r] = fmaxf(m[r], hmax(vmax(mx[0], mx[1])));
+        }
+        for (int r = 0; r < R; r += 8) {              /* the factor for what came before, eight rows at once, */
+            const v8 a = vexp2(load(&prev[r]) - load(&top[r]));
+            for (int i = 0; i < 8 && r + i < R; i++) alpha[r + i] = m[r + i] == -INFINITY ? 0.0f : a[i];
+        }
+        memcpy(m, top, sizeof(float) * R);
+        for (int r = 0; r < R; r++) {                 /* and the weights */
+            const v8 t = splat(top[r]);
+            v8 sum[2] = {splat(0.0f), splat(0.0f)};
+            int j = 0;
+            for (; j + 32 <= n; j += 32) {
+                v8 p[4];
+                for (int u = 0; u < 4; u++) p[u] = load(&s[r][j + 8 * u]) - t;
+                vexp2x4(p);
+                for (int u = 0; u < 4; u++) store(&s[r][j + 8 * u], p[u]);
+                sum[0] += p[0] + p[2]; sum[1] += p[1] + p[3];
+            }
+            for (; j < n; j += 8) {
+                v8 p = vexp2(load(&s[r][j]) - t);
+                if (j + 8 > n) for (int i = n - j; i < 8; i++) p[i] = 0.0f;
+                store(&s[r][j], p);
+                sum[0] += p;
+            }
+            l[r] = l[r] * alpha[r] + hsum(sum[0] + sum[1]);
         }
         const float *lat0 = lat + j0 * ls;
         int r = 0;
-        for (; r + 3 <= R; r += 3) weigh(3, s + r, lat0, ls, n, o + r * CD, alpha + r);
-        if (R - r == 2) weigh(2, s + r, lat0, ls, n, o + r * CD, alpha + r);
-        else if (R - r == 1) weigh(1, s + r, lat0, ls, n, o + r * CD, alpha + r);
+        for (; r + 6 <= R; r += 6) weigh_rows(6, s + r, lat0, ls, n, o + r * CD, alpha + r);
+        switch (R - r) {
+        case 5: weigh_rows(5, s + r, lat0, ls, n, o + r * CD, alpha + r); break;
+        case 4: weigh_rows(4, s + r, lat0, ls, n, o + r * CD, alpha + r); break;
+        case 3: weigh_rows(3, s + r, lat0, ls, n, o + r * CD, alpha + r); break;
+        case 2: weigh_rows(2, s + r, lat0, ls, n, o + r * CD, alpha + r); break;
+        case 1: weigh_rows(1, s + r, lat0, ls, n, o + r * CD, alpha + r); break;
+        }
     }
 }
 
@@ -221,6 +324,7 @@ int mla_absorbed_decode(int B, int T, int H, int D, int E, int S, int threads, f
                         long qr_t, const float *w_uk, const float *w_uv, const float *w_o, const float *lat,
                         long lat_b, long lat_s, const float *kr, long kr_b, long kr_s, float *out) {
     const int R = H * T;
+    const float scale2 = scale * 1.44269504088896341f;    /* scores in base 2: softmax by 2^x */
     if (R > MAXR || R < 1 || S < 1 || B < 1 || D < 1 || E < 1) return -1;
     if (threads > 8) threads = 8;
     if (threads > S / 8192) threads = S / 8192;       /* a thread costs tens of microseconds to start */
@@ -232,14 +336,9 @@ int mla_absorbed_decode(int B, int T, int H, int D, int E, int S, int threads, f
         for (int h = 0; h < H; h++)                   /* the query in latent space (W_uk absorbed), and RoPE */
             for (int t = 0; t < T; t++) {
                 float *row = q + (h * T + t) * KD;
-                const float *x = qn + b * qn_b + h * qn_h + t * qn_t;
-                for (int c = 0; c < CD; c++) row[c] = 0.0f;
-                for (int d = 0; d < D; d++) {
-                    const float xd = x[d] * scale, *w = w_uk + ((long)h * D + d) * CD;
-                    for (int c = 0; c < CD; c++) row[c] += xd * w[c];
-                }
+                absorb(qn + b * qn_b + h * qn_h + t * qn_t, D, w_uk + (long)h * D * CD, scale2, row);
                 const float *y = qr + b * qr_b + h * qr_h + t * qr_t;
-                for (int c = 0; c < PD; c++) row[CD + c] = y[c] * scale;
+                for (int c = 0; c < PD; c++) row[CD + c] = y[c] * scale2;
             }
         struct piece pieces[8];
         pthread_t tid[8];
@@ -261,20 +360,35 @@ int mla_absorbed_decode(int B, int T, int H, int D, int E, int S, int threads, f
             for (int i = 0; i < threads; i++) top = fmaxf(top, pieces[i].m[r]);
             for (int c = 0; c < CD; c++) o[c] = 0.0f;
             for (int i = 0; i < threads; i++) {
-                const float f = expf(pieces[i].m[r] - top);
+                const float f = exp2f(pieces[i].m[r] - top);
                 l += pieces[i].l[r] * f;
                 for (int c = 0; c < CD; c++) o[c] += pieces[i].o[r * CD + c] * f;
             }
             const int h = r / T, t = r % T;
             float *dst = y + (long)t * H * D + (long)h * D;
-            for (int d = 0; d < D; d++) dst[d] = dot(o, w_uv + ((long)h * D + d) * CD, CD) / l;
+            gemv(w_uv + (long)h * D * CD, CD, o, CD, D, dst, l);
         }
         for (int t = 0; t < T; t++)                   /* W_o */
-            for (int e = 0; e < E; e++)
-                out[((long)b * T + t) * E + e] = dot(w_o + (long)e * H * D, y + (long)t * H * D, H * D);
+            gemv(w_o, (long)H * D, y + (long)t * H * D, H * D, E, out + ((long)b * T + t) * E, 1.0f);
     }
     free(q); free(buf); free(y);
     return 0;
+}
+
+/* mla_absorbed_decode with its arguments packed in 26 eight-byte slots (one ctypes argument instead of 26,
+ * whose conversion cost several microseconds a call): B, T, H, D, E, S, threads as integers, the scale as a
+ * double, then qn, qn_b, qn_h, qn_t, qr, qr_b, qr_h, qr_t, w_uk, w_uv, w_o, lat, lat_b, lat_s, kr, kr_b, kr_s, out
+ * (addresses and strides as integers). */
+int mla_absorbed_decode_packed(const void *args) {
+    int64_t a[26];
+    double scale;
+    memcpy(a, args, sizeof a);
+    memcpy(&scale, &a[7], sizeof scale);
+#define F(i) ((const float *)(intptr_t)a[i])
+    return mla_absorbed_decode((int)a[0], (int)a[1], (int)a[2], (int)a[3], (int)a[4], (int)a[5], (int)a[6],
+                               (float)scale, F(8), a[9], a[10], a[11], F(12), a[13], a[14], a[15], F(16), F(17),
+                               F(18), F(19), a[20], a[21], F(22), a[23], a[24], (float *)(intptr_t)a[25]);
+#undef F
 }
 """
 
@@ -282,7 +396,18 @@ _lock = threading.Lock()
 _libs: dict[tuple[int, int], object] = {}      # (latent, rope) -> the loaded function, or None after a failure
 
 
+# os.environ's own dictionary (bytes on POSIX), read directly: os.environ.get costs about 2 us a call, a tenth
+# of the fused call's Python side. os.environ writes it (monkeypatch.setenv too); elsewhere, os.environ.get.
+_ENV = getattr(os.environ, "_data", None)
+try:
+    _ENV_KEY, _ENV_OFF = os.environ.encodekey("KVX_FUSED_KERNELS"), os.environ.encodevalue("0")
+except (AttributeError, TypeError):
+    _ENV = None
+
+
 def enabled() -> bool:
+    if isinstance(_ENV, dict):
+        return _ENV.get(_ENV_KEY) != _ENV_OFF
     return os.environ.get("KVX_FUSED_KERNELS", "1") != "0"
 
 
@@ -343,10 +468,9 @@ def _function(latent: int, rope: int):
     with _lock:
         if key not in _libs:
             try:
-                fn = ctypes.CDLL(str(_built(latent, rope))).mla_absorbed_decode
-                i, f, p, n = ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_long
-                fn.argtypes = [i, i, i, i, i, i, i, f, p, n, n, n, p, n, n, n, p, p, p, p, n, n, p, n, n, p]
-                fn.restype = i
+                fn = ctypes.CDLL(str(_built(latent, rope))).mla_absorbed_decode_packed
+                fn.argtypes = [ctypes.c_char_p]
+                fn.restype = ctypes.c_int
                 _libs[key] = fn
             except Exception as err:                  # no compiler, a failed build or load: PyTorch instead
                 log.warning("fused MLA kernel unavailable, using the PyTorch kernel: %s", err)
@@ -354,18 +478,40 @@ def _function(latent: int, rope: int):
     return _libs[key]
 
 
+# mla_absorbed_decode_packed's arguments: B, T, H, D, E, S, threads, the scale (a double), then 18 addresses and
+# strides. One packed argument: ctypes took about 7 us to convert 26 separate ones.
+_ARGS = struct.Struct("=7qd18q")
+
+
+def _weight(layer, name: str) -> torch.Tensor:
+    """layer.<name>.weight. Read from the modules' own dictionaries where it is a plain parameter: nn.Module's
+    attribute lookup costs microseconds, and the call's fixed cost weighs on a short cache."""
+    try:
+        return layer._modules[name]._parameters["weight"]
+    except (KeyError, AttributeError, TypeError):          # a parametrization, a property, another module
+        return getattr(layer, name).weight
+
+
+def _has_no_bias(module) -> bool:
+    params = getattr(module, "_parameters", {})
+    return params["bias"] is None if "bias" in params else getattr(module, "bias", None) is None
+
+
 def _weights(layer, inp: dict) -> tuple | None:
-    """W_uk, W_uv and W_o when the fused kernel applies to these inputs (without building it), else None.
-    (Module attribute lookups cost about a microsecond each, so they are made once a call.)"""
+    """W_uk, W_uv and W_o when the fused kernel applies to these inputs (without building it), else None."""
     c, q_nope, latent = layer.c, inp["q_nope"], inp["latent"]
     if not (enabled() and c.kv_latent % 8 == 0 and c.kv_latent > 0 and c.rope_dim % 8 == 0
             and 0 < q_nope.shape[1] * q_nope.shape[2] <= MAX_ROWS and latent.shape[1] > 0):
         return None
-    wo = layer.wo
-    weights = layer.w_uk.weight, layer.w_uv.weight, wo.weight
-    if wo.bias is None and all(t.is_cpu and t.dtype is torch.float32
-                               for t in (latent, inp["k_rope"], q_nope, inp["q_rope"], *weights)):
-        return weights
+    w_uk, w_uv, w_o = _weight(layer, "w_uk"), _weight(layer, "w_uv"), _weight(layer, "wo")
+    f32, k_rope, q_rope = torch.float32, inp["k_rope"], inp["q_rope"]
+    wo = layer._modules.get("wo")
+    if (_has_no_bias(layer.wo if wo is None else wo)
+            and latent.is_cpu and latent.dtype is f32 and k_rope.is_cpu and k_rope.dtype is f32
+            and q_nope.is_cpu and q_nope.dtype is f32 and q_rope.is_cpu and q_rope.dtype is f32
+            and w_uk.is_cpu and w_uk.dtype is f32 and w_uv.is_cpu and w_uv.dtype is f32
+            and w_o.is_cpu and w_o.dtype is f32):
+        return w_uk, w_uv, w_o
     return None
 
 
@@ -374,29 +520,40 @@ def applies(layer, inp: dict) -> bool:
     return _weights(layer, inp) is not None
 
 
-def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+def _last_contiguous(t: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+    """t with its last dimension contiguous (a copy only where it is not), and its strides."""
+    st = t.stride()
+    if st[-1] == 1 or t.shape[-1] <= 1:
+        return t, st
+    t = t.contiguous()
+    return t, t.stride()
 
 
-@torch.no_grad()
 def absorbed(layer, inp: dict) -> torch.Tensor | None:
     """The absorbed decode's output [B, T, d_model] (what `mla.absorbed_matmul` returns), or None where the
-    fused kernel does not apply or is unavailable."""
+    fused kernel does not apply or is unavailable. (No autograd: the kernel only reads the inputs' memory and
+    writes a new tensor, so there is no graph to keep and no need for no_grad's cost.)"""
     weights = _weights(layer, inp)
     if weights is None:
         return None
     c = layer.c
-    fn = _function(c.kv_latent, c.rope_dim)
+    fn = _libs.get((c.kv_latent, c.rope_dim)) or _function(c.kv_latent, c.rope_dim)
     if fn is None:
         return None
-    latent, k_rope = _last_contiguous(inp["latent"]), _last_contiguous(inp["k_rope"])
-    q_nope, q_rope = _last_contiguous(inp["q_nope"]), _last_contiguous(inp["q_rope"])
-    w_uk, w_uv, w_o = (w.contiguous() for w in weights)
+    latent, k_rope, q_nope, q_rope = inp["latent"], inp["k_rope"], inp["q_nope"], inp["q_rope"]
+    lat_st, kr_st, qn_st, qr_st = latent.stride(), k_rope.stride(), q_nope.stride(), q_rope.stride()
+    if lat_st[-1] != 1 or kr_st[-1] != 1 or qn_st[-1] != 1 or qr_st[-1] != 1:
+        (latent, lat_st), (k_rope, kr_st) = _last_contiguous(latent), _last_contiguous(k_rope)
+        (q_nope, qn_st), (q_rope, qr_st) = _last_contiguous(q_nope), _last_contiguous(q_rope)
+    w_uk, w_uv, w_o = (w if w.is_contiguous() else w.detach().contiguous() for w in weights)
     b, h, t, d = q_nope.shape
-    out = torch.empty(b, t, w_o.shape[0], dtype=torch.float32)
-    if fn(b, t, h, d, w_o.shape[0], latent.shape[1], torch.get_num_threads(), 1 / math.sqrt(c.head_dim + c.rope_dim),
-          q_nope.data_ptr(), *q_nope.stride()[:3], q_rope.data_ptr(), *q_rope.stride()[:3],
-          w_uk.data_ptr(), w_uv.data_ptr(), w_o.data_ptr(), latent.data_ptr(), *latent.stride()[:2],
-          k_rope.data_ptr(), *k_rope.stride()[:2], out.data_ptr()) != 0:
+    e = w_o.shape[0]
+    out = torch.empty(b, t, e, dtype=torch.float32)
+    args = _ARGS.pack(b, t, h, d, e, latent.shape[1], torch.get_num_threads(),
+                      1 / math.sqrt(c.head_dim + c.rope_dim),
+                      q_nope.data_ptr(), qn_st[0], qn_st[1], qn_st[2], q_rope.data_ptr(), qr_st[0], qr_st[1], qr_st[2],
+                      w_uk.data_ptr(), w_uv.data_ptr(), w_o.data_ptr(), latent.data_ptr(), lat_st[0], lat_st[1],
+                      k_rope.data_ptr(), kr_st[0], kr_st[1], out.data_ptr())
+    if fn(args) != 0:
         return None
     return out
