@@ -88,16 +88,17 @@ class RadixTree:
         A match that ends inside an edge splits that edge, so the matched part is a node of its own.
         """
         tokens = tuple(tokens)
-        node, matched, path = self.root, 0, []
+        node, matched, path, total = self.root, 0, [], len(tokens)
         now = next(self.clock)
-        while matched < len(tokens):
+        while matched < total:
             child = node.children.get(tokens[matched])
             if child is None:
                 break
             child.last_access = now                  # before a split: the tail counts as used too
-            run = _common(child.tokens, tokens, matched)
+            edge = child.tokens
+            run = common_prefix(edge, tokens, matched)
             matched += run
-            if run < len(child.tokens):
+            if run < len(edge):
                 self._refile(child)                  # the tail may be a leaf whose key just changed
                 path.append(self._split(child, run))
                 break
@@ -111,14 +112,15 @@ class RadixTree:
         """Length of the longest cached prefix of `tokens`, read only: no edge is split and no recency
         changes. What a router asks of a replica's cache before it decides where a request goes."""
         tokens = tuple(tokens)
-        node, matched = self.root, 0
-        while matched < len(tokens):
+        node, matched, total = self.root, 0, len(tokens)
+        while matched < total:
             child = node.children.get(tokens[matched])
             if child is None:
                 break
-            run = _common(child.tokens, tokens, matched)
+            edge = child.tokens
+            run = common_prefix(edge, tokens, matched)
             matched += run
-            if run < len(child.tokens):
+            if run < len(edge):
                 break
             node = child
         return matched
@@ -295,10 +297,13 @@ class RadixTree:
         return out
 
 
-def _common(a: tuple, b: tuple, start: int = 0) -> int:
+def common_prefix(a: tuple, b: tuple, start: int = 0) -> int:
     """Length of the common prefix of a and b[start:], by slice comparisons (C speed) and bisection.
     Slices are taken at most len(a) long, so walking a long prompt down many edges stays linear."""
-    n = min(len(a), len(b) - start)
+    n = len(a)
+    if b[start:start + n] == a:        # the usual case in a walk: the whole edge matches
+        return n
+    n = min(n, len(b) - start)
     if a[:n] == b[start:start + n]:
         return n
     lo, hi = 0, n                      # a[:lo] == b[start:start+lo], a[:hi] != b[start:start+hi]

@@ -201,6 +201,18 @@ def with_sessions(records, block_size: int = BLOCK_SIZE) -> tuple[tuple[Request,
     return tuple(out), owners, given
 
 
+def chained(requests) -> bool:
+    """Whether every hash id stands for its whole prefix, as Mooncake's chained ids do (an id is a hash of its
+    block and of the id before it): each id always follows the same id, or always opens a prompt. Then two
+    prompts that share an id share every block up to it. Counted with sets: as many distinct (id, id before
+    it) pairs as distinct ids."""
+    ids, pairs = set(), set()
+    for q in requests:
+        ids.update(q.blocks)
+        pairs.update(zip(q.blocks, (None,) + q.blocks))
+    return len(pairs) == len(ids)
+
+
 @functools.lru_cache(maxsize=2)
 def requests_with_sessions(text: str) -> tuple[Request, ...]:
     """An uploaded trace's requests in arrival order with their sessions (with_sessions' rule). Cached: the

@@ -31,7 +31,7 @@ from ..core.gpus import GPUS
 from ..core.limits import check_tensor_parallel, check_weights_fit
 from ..core.models import MODELS
 from ..core.params import ParamError, Params, choice, integer, number
-from ..core.radix import RadixTree
+from ..core.radix import RadixTree, common_prefix
 from ..core.summaries import listing, pct, sig, summaries
 from ..core.traces import SHARED, Request, parse_trace, to_jsonl
 from ..core.traces import with_sessions as _requests
@@ -151,6 +151,7 @@ class Workload:
     uploaded: bool
     sessions_given: bool  # sessions came from the trace's session_id (else inferred from the hash ids)
     unlimited_found: int  # prompt tokens one cache that never evicts would find (core.traces.unlimited_cache_hits)
+    chained: bool         # every hash id stands for its whole prefix (core.traces.chained)
 
 
 def synthetic_blocks(p: LoadBalancerParams) -> int:
@@ -229,7 +230,8 @@ def synthetic_records(p: LoadBalancerParams) -> list[dict]:
 def _uploaded(trace: str, block_size: int) -> Workload:
     records = parse_trace(trace, block_size)
     reqs, owners, given = _requests(records, block_size)
-    return Workload(reqs, owners, True, given, traces.unlimited_cache_hits(records, block_size)[0])
+    return Workload(reqs, owners, True, given, traces.unlimited_cache_hits(records, block_size)[0],
+                    traces.chained(reqs))
 
 
 @functools.lru_cache(maxsize=8)
@@ -245,11 +247,12 @@ def _synthetic(values: tuple, block_size: int) -> Workload:
     p = LoadBalancerParams(**dict(zip(SYNTHETIC_ONLY, values)), block_size=block_size, capacity=block_size)
     records = [dict(r, hash_ids=tuple(r["hash_ids"])) for r in synthetic_records(p)]
     reqs, owners, given = _requests(records, p.block_size)
-    return Workload(reqs, owners, False, given, traces.unlimited_cache_hits(records, p.block_size)[0])
+    return Workload(reqs, owners, False, given, traces.unlimited_cache_hits(records, p.block_size)[0],
+                    traces.chained(reqs))
 
 
 # ---- the fleet -----------------------------------------------------------------------------------------
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class Job:
     request: Request
     estimate: int               # uncached tokens the router expected on this replica
@@ -264,16 +267,20 @@ class Job:
 class Replica:
     index: int
     tree: RadixTree
+    chained: bool = True        # the workload's ids are chained: what is on its way here is read off the queue
     waiting: collections.deque = dataclasses.field(default_factory=collections.deque)
     running: Job | None = None
     routed: int = 0
     busy: float = 0.0           # seconds of prefill served
     queued: int = 0             # tokens of prefill waiting (the routers' estimates)
-    promised: dict = dataclasses.field(default_factory=dict)   # block id -> prompts sent here that hold it
+    promised: dict = dataclasses.field(default_factory=dict)   # not chained: block id -> prompts sent here that hold it
     tally: dict = dataclasses.field(default_factory=dict)   # owner (session or SHARED) -> blocks cached
 
     def send(self, job: "Job", sign: int) -> None:
-        """Count a routed prompt's blocks as on their way into this cache (sign +1), or done (−1)."""
+        """Count a routed prompt's blocks as on their way into this cache (sign +1), or done (−1). Only where
+        ids are not chained: else expected_blocks compares the prompt with the queue's own."""
+        if self.chained:
+            return
         promised = self.promised
         for b in job.request.blocks:
             promised[b] = promised.get(b, 0) + sign
@@ -290,7 +297,25 @@ class Replica:
     def expected_blocks(self, blocks: tuple) -> int:
         """Blocks of this prompt the replica holds or will hold once its queue is served: the longest
         prefix found in its cache, or made of block ids of prompts already sent here (as SGLang's router
-        counts a prompt as soon as it routes it; hash ids are chained, so an id stands for its prefix)."""
+        counts a prompt as soon as it routes it; hash ids are chained, so an id stands for its prefix).
+
+        With chained ids (every id always follows the same id, as Mooncake's do) an id of a prompt on its way
+        here stands for that prompt's whole prefix up to it, so the prefix made of such ids is the longest
+        common prefix with one of the prompts running or waiting here: a few slice comparisons in C for each,
+        instead of counting every block of every prompt routed in and out."""
+        if self.chained:
+            n = self.tree.peek(blocks)
+            whole = len(blocks)
+            j = self.running
+            if j is not None and n < whole:
+                n = max(n, common_prefix(j.request.blocks, blocks))
+            for j in self.waiting:
+                if n == whole:
+                    break
+                other = j.request.blocks
+                if other[n:n + 1] == blocks[n:n + 1]:           # else it cannot share more than n
+                    n = max(n, common_prefix(other, blocks))
+            return n
         n = 0
         promised = self.promised
         if promised.get(blocks[0], 0) <= 0:          # the usual case: nothing of this prompt is on its way here
@@ -387,8 +412,9 @@ BY_KEY = {r.key: r for r in ROUTERS}
 
 
 # ---- the discrete-event simulation ------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Served:
+class Served(typing.NamedTuple):
+    """One request as a router's replay served it (a named tuple, as Snapshot is: one per request and router on
+    every change, and a frozen dataclass's __init__ sets each field through object.__setattr__)."""
     request: int
     replica: int
     arrival: float
@@ -441,7 +467,7 @@ def _snapshot(fleet: list[Replica], shown: list, changed: set) -> tuple:
     for i in changed:
         r = fleet[i]
         shown[i] = Snapshot(dict(r.tally), (r.running.request.index,) if r.running else (),
-                            tuple(j.request.index for j in itertools.islice(r.waiting, QUEUE_SHOWN)),
+                            tuple([j.request.index for j in itertools.islice(r.waiting, QUEUE_SHOWN)]),
                             len(r.waiting), r.tree.size)
     changed.clear()
     return tuple(shown)
@@ -457,7 +483,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
     """Replay the workload under one router. Events: arrivals (priority 1) and prefill ends
     (priority 0, so a replica that frees up at the moment a request arrives is seen as free)."""
     w = workload(p)
-    fleet = [Replica(i, RadixTree(capacity_tokens(p) // p.block_size)) for i in range(p.replicas)]
+    fleet = [Replica(i, RadixTree(capacity_tokens(p) // p.block_size), w.chained) for i in range(p.replicas)]
     for r in fleet:                                   # keep each cache's blocks by owner as they come and go
         r.tree.on_evict = lambda victim, tally=r.tally: _count(tally, w.owners, -1, victim.tokens)
     heap, counter = [], itertools.count()
@@ -465,6 +491,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
         heapq.heappush(heap, (q.arrival, 1, next(counter), q.index))
     served, events, queues, snaps, scores = [None] * len(w.requests), [], [], {}, {}
     peak = [0] * p.replicas
+    depth = [0] * p.replicas                          # requests running or waiting, per replica
     shown, changed = [None] * p.replicas, set(range(p.replicas))      # for _snapshot
     prefill_time: dict = {}                           # (new tokens, cached tokens) -> seconds
 
@@ -501,6 +528,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
             served[q.index] = Served(q.index, x, q.arrival, job.start, job.end, job.matched,
                                      q.input_length - job.matched, job.blocks)
             events.append((now, "end", q.index, x, r.tree.size))
+            depth[x] -= 1
             if r.waiting:
                 start(r, now)
             continue
@@ -526,7 +554,8 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
         events.append((now, "arrive", x, r.index, r.tree.size))
         if r.running is None:
             start(r, now)
-        queues.append(max(len(f.waiting) + (f.running is not None) for f in fleet))
+        depth[r.index] += 1
+        queues.append(max(depth))
         if x in snapshot_at:
             snaps[x] = _snapshot(fleet, shown, changed)
     return Run(router.key, tuple(served), tuple(events), tuple(f.busy for f in fleet), tuple(queues), snaps,

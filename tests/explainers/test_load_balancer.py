@@ -328,6 +328,34 @@ def test_simulation_invariants(p):
         assert out[f"{router.key}_ttft_p50_s"] <= out[f"{router.key}_ttft_p99_s"]
 
 
+@settings(max_examples=60, deadline=None)
+@given(params)
+def test_chained_ids_are_read_off_the_queue_with_the_same_outcome(p):
+    """With chained ids a replica finds what is on its way by comparing a prompt with the prompts in its queue;
+    counting every block of every prompt routed in and out (what any other trace gets) decides the same."""
+    import dataclasses
+    from kvx.explainers.load_balancer import model
+    w = workload(p)
+    assert w.chained
+    frames = frozenset(frame_requests(len(w.requests)))
+    queue_read = {r.key: simulate(p, r, frames) for r in ROUTERS}
+    original = model.workload
+    model.workload = lambda q: dataclasses.replace(original(q), chained=False)
+    try:
+        counted = {r.key: simulate(p, r, frames) for r in ROUTERS}
+    finally:
+        model.workload = original
+    assert queue_read == counted
+
+
+def test_chained_ids_by_hand():
+    req = lambda *ids: traces.Request(0, 0.0, 100 * len(ids), 1, ids, 0, 0)
+    assert traces.chained([req(0, 1, 2), req(0, 1, 3), req(4, 5)])
+    assert not traces.chained([req(0, 1, 2), req(3, 1)])        # id 1 after 0 and after 3
+    assert not traces.chained([req(0, 1), req(1, 2)])           # id 1 opens one prompt and follows 0 in another
+    assert not traces.chained([req(0, 0)])
+
+
 @settings(max_examples=25, deadline=None)
 @given(params, st.integers(0, 300))
 def test_frames_show_the_state_the_run_recorded(p, f):
