@@ -334,6 +334,7 @@ class Router:
     """Picks the replica for a request, given the fleet as it is at that moment."""
     key = ""
     name = ""
+    reads_load = False     # whether it looks at the replicas' queued work (Replica.load): only then is it estimated
 
     def choose(self, req: Request, fleet: list[Replica], now: float, p: LoadBalancerParams, count: int) -> int:
         raise NotImplementedError
@@ -359,6 +360,7 @@ class RoundRobin(Router):
 class LeastLoaded(Router):
     """The replica with the least prefill work queued (ties: fewest requests so far, then lowest number)."""
     key, name = "least_loaded", "least-loaded"
+    reads_load = True
 
     def choose(self, req, fleet, now, p, count):
         return min(fleet, key=lambda r: (r.load(now), r.routed, r.index)).index
@@ -401,6 +403,7 @@ class CacheAware(Router):
     """The replica with the highest score = cached prefix − load weight × queued work, both in tokens
     (ties: less queued, fewer requests so far, lowest number)."""
     key, name = "cache_aware", "cache-aware"
+    reads_load = True
 
     def choose(self, req, fleet, now, p, count, scores=None):
         scores = scores or cache_aware_scores(req, fleet, now, p)
@@ -544,7 +547,8 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
             estimate = q.input_length - sc[r.index][1]        # the cached tokens it scored
         else:
             r = fleet[router.choose(q, fleet, now, p, x)]
-            estimate = q.input_length - cached_tokens(r.expected_blocks(q.blocks), q, p.block_size)
+            estimate = (q.input_length - cached_tokens(r.expected_blocks(q.blocks), q, p.block_size)
+                        if router.reads_load else 0)      # round-robin and sticky never read it
         r.routed += 1
         changed.add(r.index)
         job = Job(q, estimate)
