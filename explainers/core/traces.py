@@ -168,12 +168,12 @@ def with_sessions(records, block_size: int = BLOCK_SIZE) -> tuple[tuple[Request,
     last full block it contains, unless that block is a branch point of the trace (followed by
     different blocks in different prompts, as a shared system prompt is)."""
     rows = sorted(records, key=lambda r: r["timestamp"])
+    given = all(r.get("session_id") is not None for r in rows)
     following = collections.defaultdict(set)      # block -> the full blocks that follow it anywhere
-    for r in rows:
+    for r in () if given else rows:               # only inferring sessions asks where the trace branches
         ids = r["hash_ids"][: r["input_length"] // block_size]
         for a, b in zip(ids, ids[1:]):
             following[a].add(b)
-    given = all(r.get("session_id") is not None for r in rows)
     numbered = given and all(isinstance(r["session_id"], int) and 0 <= r["session_id"] < 1_000_000 for r in rows)
     names, ends, turns, out = {}, {}, collections.Counter(), []
     for i, r in enumerate(rows):
