@@ -125,11 +125,16 @@ def _include_kernels(app: FastAPI, settings: Settings) -> None:
             return JSONResponse(status_code=503, content={"detail": f"The kernels need PyTorch ({reason}); install "
                                                                     f"kvx[kernels] to run them on this server."})
         return
+    # Kernels run in reused job processes: forked on the CPU, spawned on CUDA (a CUDA context does not survive a
+    # fork). A spawned CUDA worker gets no address-space ceiling (CUDA reserves far more virtual memory than it
+    # uses, and would fail to start); device memory is bounded by the admission estimate (kernel_specs).
+    cuda = device_info()["device"] == "cuda"
+    start = settings.job_start or ("spawn" if cuda else "fork")
     app.state.jobs = JobRunner(settings.kernel_workers, settings.kernel_queue,
                                time_limit_s=settings.kernel_time_limit_s, cache_bytes=settings.cache_bytes,
-                               per_client=settings.kernel_per_client, memory_bytes=settings.job_memory_bytes,
-                               processes=device_info()["device"] == "cpu",     # CUDA does not survive a fork
-                               worker_fn=kernels.run_job)
+                               per_client=settings.kernel_per_client,
+                               memory_bytes=None if cuda else settings.job_memory_bytes,
+                               worker_fn=kernels.run_job, start=start)
     app.include_router(kernels.router, prefix="/api/v1")
 
 

@@ -14,6 +14,9 @@ space, so a memory-hungry job fails alone (MemoryError) instead of the machine's
 past its time limit is killed at the limit (SIGKILL: the CPU is free at once); and a worker that crashes or is
 killed costs only its own job (503 with Retry-After) — the next job gets a fresh process. Forking per job
 also means a job sees the server's code as it is at that moment, and nothing a job does survives it.
+On a CUDA device the processes are spawned instead (start="spawn": a fresh interpreter that imports the kernels
+and makes its own CUDA context, which a forked child cannot use); they are reused the same way, so only a
+worker's first job pays for its start.
 The child sends its progress and result back as JSON over a pipe (no pickles), and a thread per running
 job waits on that pipe without holding the GIL.
 """
@@ -57,6 +60,7 @@ class JobTimeout(Exception):
 # Why a job failed, and so what its requester is told (see routers/kernels.py for the HTTP status of each).
 TIMEOUT, UNAVAILABLE, OUT_OF_MEMORY, FAILED, DIED = "timeout", "unavailable", "out_of_memory", "failed", "died"
 _FORK = multiprocessing.get_context("fork")
+START_METHODS = ("fork", "spawn")
 JOB_THREADS = 1        # PyTorch threads in a job's process (OpenMP's thread team does not survive a fork)
 
 
@@ -206,8 +210,13 @@ class JobRunner:
     def __init__(self, workers: int = 1, queue: int = 4, cache_size: int = 128, time_limit_s: float = 300.0,
                  cache_bytes: int = 32 * 2 ** 20, per_client: int | None = None, queue_cost: float = math.inf,
                  memory_bytes: int | None = -1, what: str = "kernel", processes: bool = True,
-                 worker_fn: Callable[[str, dict, Callable], dict] | None = None):
-        self.processes = processes      # False: jobs run in the waiting thread (CUDA cannot be used after fork)
+                 worker_fn: Callable[[str, dict, Callable], dict] | None = None, start: str = "fork"):
+        self.processes = processes      # False: jobs run in the waiting thread (no process isolation)
+        if start not in START_METHODS:
+            raise ValueError(f"start must be one of {', '.join(START_METHODS)}; got {start!r}.")
+        if start == "spawn" and worker_fn is None:
+            raise ValueError("start='spawn' needs a worker_fn: a spawned process gets jobs by name, not as functions.")
+        self.context = multiprocessing.get_context(start)     # how job processes are started
         # With a worker_fn(name, params, progress), each waiting thread keeps one job process and reuses it
         # (replaced when it dies, is killed at a time limit, its job fails, or it has grown): no fork, and no
         # copy-on-write faults in the server, per job. Without one, each job gets a process forked for it.
@@ -367,9 +376,9 @@ class JobRunner:
                 worker[0].join(5)
                 worker = None
             if worker is None or not worker[0].is_alive():
-                here, there = _FORK.Pipe(duplex=True)
-                process = _FORK.Process(target=_worker, args=(there, self.worker_fn, self.memory_bytes, self.what),
-                                        daemon=True)
+                here, there = self.context.Pipe(duplex=True)
+                process = self.context.Process(target=_worker, args=(there, self.worker_fn, self.memory_bytes,
+                                                                     self.what), daemon=True)
                 process.start()
                 there.close()
                 worker = (process, here, time.monotonic())
@@ -383,9 +392,9 @@ class JobRunner:
         raise OSError(0, "its worker process would not take it")
 
     def _run_here(self, job: Job, fn) -> None:
-        """Without processes (a CUDA device: its context does not survive a fork), the job runs in this thread
-        at nice +10; past its limit it is told so at its next progress report (a thread cannot be killed),
-        and until it stops it still counts against the queue, so the bound stays honest."""
+        """Without processes, the job runs in this thread at nice +10; past its limit it is told so at its next
+        progress report (a thread cannot be killed), and until it stops it still counts against the queue, so
+        the bound stays honest."""
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         except (AttributeError, OSError):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -28,4 +29,5 @@ class Settings(BaseSettings):
     explainer_queue_seconds: float = 40.0   # estimated seconds of evaluations queued and running, at most
     explainer_wait_s: float = 25.0          # a request waits at most this for its answer, then 503 + Retry-After
     job_memory_bytes: int | None = -1       # address space one job may add (-1: half the memory free at start)
+    job_start: Literal["fork", "spawn"] | None = None   # how kernel job processes start (None: spawn on CUDA, else fork)
     cache_bytes: int = 32 * 2 ** 20         # each result cache (explainers, kernels) holds at most this (JSON bytes)
