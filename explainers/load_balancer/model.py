@@ -267,7 +267,7 @@ class Job:
 class Replica:
     index: int
     tree: RadixTree
-    chained: bool = True        # the workload's ids are chained: what is on its way here is read off the queue
+    chained: bool = False       # the workload's ids are chained: what is on its way here is read off the queue
     waiting: collections.deque = dataclasses.field(default_factory=collections.deque)
     running: Job | None = None
     routed: int = 0
