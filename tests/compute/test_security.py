@@ -464,6 +464,40 @@ def test_at_the_connection_cap_slow_connections_make_room_for_new_ones(tmp_path)
                 s.close()
 
 
+def test_at_the_cap_the_longest_waiting_connection_goes_first(tmp_path):
+    """The one evicted is the one that has waited longest for its headers, whatever else is open: a connection
+    that sent a whole request and is being answered, or came later, stays."""
+    def closed(s: socket.socket) -> bool:
+        s.settimeout(2)
+        try:
+            return s.recv(1) == b""
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except socket.timeout:
+            return False
+
+    with guarded(create_app(Settings(site_dir=tmp_path)), max_connections=4, header_timeout_s=30) as port:
+        slow = []
+        for _ in range(4):                          # four waiting, oldest first
+            slow.append(socket.create_connection(("127.0.0.1", port)))
+            slow[-1].sendall(b"GET /api/v1/hea")
+            time.sleep(0.05)
+        try:
+            newcomer = socket.create_connection(("127.0.0.1", port))     # the fifth: the oldest must go
+            assert closed(slow[0]) and not any(closed(s) for s in slow[1:])
+            newcomer.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n")       # kept alive
+            assert newcomer.recv(4096).startswith(b"HTTP/1.1 200 ")
+            # Answered, the newcomer waits for its next request from now: the back of the queue. The next
+            # connection over the cap evicts the oldest slow one, not it.
+            another = socket.create_connection(("127.0.0.1", port))
+            assert closed(slow[1]) and not any(closed(s) for s in slow[2:]) and not closed(newcomer)
+            another.close()
+            newcomer.close()
+        finally:
+            for s in slow:
+                s.close()
+
+
 def test_head_carries_the_same_headers_as_get(layout):
     client = TestClient(create_app(Settings(site_dir=layout / "site")))
     for path in ("/", "/index.html", "/static/kvx-worker.mjs"):
