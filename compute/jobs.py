@@ -59,7 +59,6 @@ class JobTimeout(Exception):
 
 # Why a job failed, and so what its requester is told (see routers/kernels.py for the HTTP status of each).
 TIMEOUT, UNAVAILABLE, OUT_OF_MEMORY, FAILED, DIED = "timeout", "unavailable", "out_of_memory", "failed", "died"
-_FORK = multiprocessing.get_context("fork")
 START_METHODS = ("fork", "spawn")
 JOB_THREADS = 1        # PyTorch threads in a job's process (OpenMP's thread team does not survive a fork)
 
@@ -360,10 +359,10 @@ class JobRunner:
     def _process_for(self, job: Job, fn):
         """(process, connection) for this job: this thread's reused worker, or a process forked for the job."""
         if self.worker_fn is None:
-            reader, writer = _FORK.Pipe(duplex=False)
+            reader, writer = self.context.Pipe(duplex=False)
             try:
-                process = _FORK.Process(target=_child, args=(writer, fn, job.params, self.memory_bytes, self.what),
-                                        daemon=True)
+                process = self.context.Process(target=_child, daemon=True,     # forked: spawn needs a worker_fn
+                                               args=(writer, fn, job.params, self.memory_bytes, self.what))
                 process.start()
             finally:
                 writer.close()
