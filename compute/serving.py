@@ -77,10 +77,11 @@ class GuardedH11Protocol(H11Protocol):
     @property
     def _waiting(self) -> collections.OrderedDict:
         """The server's connections awaiting a request, longest waiting first (each enters at the back when its
-        wait starts; an OrderedDict, whose front stays O(1) to reach however many left it). Shared through uvicorn's server state, so finding the one to evict at
-        the cap is a look at the front, not a walk over every connection: with 1,100 slow clients against a cap
-        of 896, that walk ran for each of the 200 connections over the cap, about a millisecond each, in bursts
-        that held health checks for tens of milliseconds."""
+        wait starts; an OrderedDict, whose front stays O(1) to reach however many left it). Shared through
+        uvicorn's server state, so finding the one to evict at the cap is a look at the front, not a walk over
+        every connection: with 1,100 slow clients against a cap of 896, that walk ran for each of the 200
+        connections over the cap, about a millisecond each, in bursts that held health checks for tens of
+        milliseconds."""
         state = self.server_state
         waiting = getattr(state, "kvx_waiting", None)
         if waiting is None:
@@ -88,8 +89,8 @@ class GuardedH11Protocol(H11Protocol):
         return waiting
 
     def _start_waiting(self) -> None:
-        """Headers are due from now: the deadline starts, and the connection joins the back of the waiting."""
-        self._waiting_since = time.monotonic()
+        """Headers are due from now: the deadline starts, and the connection joins the back of the waiting (its
+        place there is its age: no timestamp is kept)."""
         self._deadline = self.loop.call_later(self.header_timeout_s, self._header_timeout)
         waiting = self._waiting
         waiting[self] = None
