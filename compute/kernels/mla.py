@@ -79,8 +79,9 @@ def absorbed(layer: MLAAttention, inp: dict) -> torch.Tensor:
 
 def absorbed_implementation(layer: MLAAttention, inp: dict) -> str:
     """Which kernel `absorbed` runs for these inputs, in words."""
-    if mla_cpu.applies(layer, inp) and mla_cpu._function(layer.c.kv_latent, layer.c.rope_dim) is not None:
-        return mla_cpu.NAME
+    width = mla_cpu.vector_width(layer.c.kv_latent, layer.c.rope_dim) if mla_cpu.applies(layer, inp) else None
+    if width is not None:
+        return f"{mla_cpu.NAME}, {width}-float vectors"
     return "PyTorch ops (heads as the rows of one matmul)"
 
 

@@ -11,9 +11,12 @@ matmul over concatenated keys were all measured and were no faster (see benchmar
 
 What: one pass over the cache in chunks of 64 tokens, each chunk's latent and RoPE key read from memory once
 and then used from L1 for the scores of every head, an online softmax, and the weighted sum of the latent:
-the flash-decoding loop, with the heads as the rows of each step (as FlashMLA does on a GPU). Scores use
-eight tokens at a time against three heads at a time (24 accumulators in registers) and one transpose-sum;
-the weighted sum keeps three heads' outputs in registers. The query is absorbed (W_uk), and W_uv and W_o
+the flash-decoding loop, with the heads as the rows of each step (as FlashMLA does on a GPU). Scores take
+four tokens at a time against three query rows (six where AVX-512 gives 32 vector registers), each row's four
+sums finished by one transpose-sum; the weighted sum keeps six rows' outputs in registers. Where the CPU has
+AVX-512 and the latent and RoPE widths are multiples of 16, both use 16-lane vectors: the same arithmetic in
+half the instructions and loads (bench_kernels times the 8-lane build beside it in the same run; see
+benchmarks/REPORT.md). The query is absorbed (W_uk), and W_uv and W_o
 applied, in the same call. Per token it does the formula's 2 x heads x (latent + rope) + 2 x heads x latent
 FLOPs.
 
@@ -61,6 +64,17 @@ SOURCE = r"""
 #define KD (CD + PD)
 #define CV (CD / 8)
 #define PV (PD / 8)
+/* With AVX-512 and widths that are multiples of 16, the scores and the weighted sum take 16-lane vectors: half
+ * the instructions and loads for the same arithmetic. With 32 vector registers (AVX-512), scores take six query
+ * rows at a time; with AVX2's sixteen, three. */
+#if defined(__AVX512F__) && CD % 16 == 0 && PD % 16 == 0
+#define WIDE 1
+#endif
+#if defined(WIDE) || defined(__AVX512VL__)
+#define SR 6
+#else
+#define SR 3
+#endif
 
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
@@ -140,12 +154,61 @@ static inline v4 sum4(const v8 a[4]) {
     return lo + hi;
 }
 
-/* Scores of query rows q[0..nr) (nr <= 3) against four tokens: out[i] holds row i's four scores. Twelve
- * accumulators (three rows x four tokens, 8 lanes of the dimension each) plus three query vectors and one key
- * fill AVX2's sixteen registers; the four-token transpose-sum then takes three shuffle-add steps. */
+#ifdef WIDE
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+static inline v16 splat16(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
+static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+
+/* sum4 for 16 lanes: the same two in-lane shuffle-add steps leave each 128-bit lane holding its part of the four
+ * sums, then the four 128-bit lanes are added. */
+static inline v4 sum4_16(const v16 a[4]) {
+    const v16i even = {0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30},
+               odd = {1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31},
+               halves = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7},
+               quarters = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
+    const v16 b0 = __builtin_shuffle(a[0], a[1], even) + __builtin_shuffle(a[0], a[1], odd);
+    const v16 b1 = __builtin_shuffle(a[2], a[3], even) + __builtin_shuffle(a[2], a[3], odd);
+    v16 c = __builtin_shuffle(b0, b1, even) + __builtin_shuffle(b0, b1, odd);
+    c += __builtin_shuffle(c, halves);
+    c += __builtin_shuffle(c, quarters);
+    v4 lo;
+    memcpy(&lo, &c, sizeof lo);
+    return lo;
+}
+
+/* Scores of query rows q[0..nr) (nr <= 6) against four tokens, 16 lanes of the dimension at a time: twenty-four
+ * accumulators, the query read from L1 as each multiply-add's operand. */
 static inline __attribute__((always_inline)) void scores4(int nr, const float *q, const float *const lj0[4],
                                                           const float *const kj0[4], v4 *out) {
-    v8 acc[3][4];
+    v16 acc[6][4];
+    const float *lj[4], *kj[4];
+    for (int t = 0; t < 4; t++) {
+        lj[t] = lj0[t]; kj[t] = kj0[t];
+        __asm__("" : "+r"(lj[t]), "+r"(kj[t]));
+    }
+    for (int i = 0; i < nr; i++) for (int t = 0; t < 4; t++) acc[i][t] = splat16(0.0f);
+    for (int v = 0; v < CD / 16; v++)
+        for (int t = 0; t < 4; t++) {
+            const v16 k = load16(lj[t] + 16 * v);
+            for (int i = 0; i < nr; i++) acc[i][t] += load16(q + i * KD + 16 * v) * k;
+        }
+    for (int v = 0; v < PD / 16; v++)
+        for (int t = 0; t < 4; t++) {
+            const v16 k = load16(kj[t] + 16 * v);
+            for (int i = 0; i < nr; i++) acc[i][t] += load16(q + i * KD + CD + 16 * v) * k;
+        }
+    for (int i = 0; i < nr; i++) out[i] = sum4_16(acc[i]);
+}
+#else
+/* Scores of query rows q[0..nr) (nr <= SR) against four tokens: out[i] holds row i's four scores. Three rows
+ * give twelve accumulators (three rows x four tokens, 8 lanes of the dimension each), which with three query
+ * vectors and one key fill AVX2's sixteen registers; six rows fill AVX-512's thirty-two. The four-token
+ * transpose-sum then takes three shuffle-add steps. */
+static inline __attribute__((always_inline)) void scores4(int nr, const float *q, const float *const lj0[4],
+                                                          const float *const kj0[4], v4 *out) {
+    v8 acc[SR][4];
     const float *lj[4], *kj[4];
     for (int t = 0; t < 4; t++) {  /* read here, from L1: hoisted out of the loop over rows they would not fit */
         lj[t] = lj0[t]; kj[t] = kj0[t];
@@ -153,7 +216,7 @@ static inline __attribute__((always_inline)) void scores4(int nr, const float *q
     }
     for (int i = 0; i < nr; i++) for (int t = 0; t < 4; t++) acc[i][t] = splat(0.0f);
     for (int v = 0; v < CV; v++) {
-        v8 qv[3];
+        v8 qv[SR];
         for (int i = 0; i < nr; i++) qv[i] = load(q + i * KD + 8 * v);
         for (int t = 0; t < 4; t++) {
             const v8 k = load(lj[t] + 8 * v);
@@ -161,7 +224,7 @@ static inline __attribute__((always_inline)) void scores4(int nr, const float *q
         }
     }
     for (int v = 0; v < PV; v++) {
-        v8 qv[3];
+        v8 qv[SR];
         for (int i = 0; i < nr; i++) qv[i] = load(q + i * KD + CD + 8 * v);
         for (int t = 0; t < 4; t++) {
             const v8 k = load(kj[t] + 8 * v);
@@ -170,22 +233,62 @@ static inline __attribute__((always_inline)) void scores4(int nr, const float *q
     }
     for (int i = 0; i < nr; i++) out[i] = sum4(acc[i]);
 }
+#endif
 
+#ifdef WIDE
+/* o[i] = o[i] * alpha[i] + sum over the chunk's n tokens of p[i][jj] * latent[jj], rows i < nr (<= 6), latent
+ * vectors of 16 [v0, v0 + nv) (nv <= 3): eighteen accumulators, so a token's three loads and six broadcasts feed
+ * eighteen multiply-adds. A fresh partial sum per chunk keeps the float32 rounding of a 32K-token sum near that
+ * of a blocked matmul. */
+static inline __attribute__((always_inline)) void weigh(int nr, int v0, int nv, float (*p)[CHUNK], const float *lat,
+                                                        long ls, int n, float *o, const float *alpha) {
+    v16 acc[6][3];
+    for (int i = 0; i < nr; i++) for (int u = 0; u < nv; u++) acc[i][u] = splat16(0.0f);
+    for (int jj = 0; jj < n; jj++) {
+        v16 x[3];
+        for (int u = 0; u < nv; u++) x[u] = load16(lat + jj * ls + 16 * (v0 + u));
+        for (int i = 0; i < nr; i++) {
+            const v16 w = splat16(p[i][jj]);
+            for (int u = 0; u < nv; u++) acc[i][u] += w * x[u];
+        }
+    }
+    for (int i = 0; i < nr; i++)
+        for (int u = 0; u < nv; u++) {
+            float *dst = o + i * CD + 16 * (v0 + u);
+            store16(dst, load16(dst) * splat16(alpha[i]) + acc[i][u]);
+        }
+}
+
+static inline __attribute__((always_inline)) void weigh_rows(int nr, float (*p)[CHUNK], const float *lat, long ls,
+                                                             int n, float *o, const float *alpha) {
+    int v = 0;
+    for (; v + 3 <= CD / 16; v += 3) weigh(nr, v, 3, p, lat, ls, n, o, alpha);
+    if (CD / 16 - v == 2) weigh(nr, v, 2, p, lat, ls, n, o, alpha);
+    else if (CD / 16 - v == 1) weigh(nr, v, 1, p, lat, ls, n, o, alpha);
+}
+#else
 /* o[i] = o[i] * alpha[i] + sum over the chunk's n tokens of p[i][jj] * latent[jj], rows i < nr (<= 6), latent
  * vectors [v0, v0 + nv) (nv <= 2): twelve accumulators. A fresh partial sum per chunk keeps the float32 rounding
- * of a 32K-token sum near that of a blocked matmul. */
+ * of a 32K-token sum near that of a blocked matmul. The two vectors' loop is written out: as a loop over u, GCC
+ * split it into one pass per vector and broadcast each weight twice. */
 static inline __attribute__((always_inline)) void weigh(int nr, int v0, int nv, float (*p)[CHUNK], const float *lat,
                                                         long ls, int n, float *o, const float *alpha) {
     v8 acc[6][2];
     for (int i = 0; i < nr; i++) for (int u = 0; u < nv; u++) acc[i][u] = splat(0.0f);
-    for (int jj = 0; jj < n; jj++) {
-        v8 x[2];
-        for (int u = 0; u < nv; u++) x[u] = load(lat + jj * ls + 8 * (v0 + u));
-        for (int i = 0; i < nr; i++) {
-            const v8 w = splat(p[i][jj]);
-            for (int u = 0; u < nv; u++) acc[i][u] += w * x[u];
+    if (nv == 2)
+        for (int jj = 0; jj < n; jj++) {
+            const v8 x0 = load(lat + jj * ls + 8 * v0), x1 = load(lat + jj * ls + 8 * v0 + 8);
+            for (int i = 0; i < nr; i++) {
+                const v8 w = splat(p[i][jj]);
+                acc[i][0] += w * x0;
+                acc[i][1] += w * x1;
+            }
         }
-    }
+    else
+        for (int jj = 0; jj < n; jj++) {
+            const v8 x0 = load(lat + jj * ls + 8 * v0);
+            for (int i = 0; i < nr; i++) acc[i][0] += splat(p[i][jj]) * x0;
+        }
     for (int i = 0; i < nr; i++)
         for (int u = 0; u < nv; u++) {
             float *dst = o + i * CD + 8 * (v0 + u);
@@ -199,6 +302,7 @@ static inline __attribute__((always_inline)) void weigh_rows(int nr, float (*p)[
     for (; v + 2 <= CV; v += 2) weigh(nr, v, 2, p, lat, ls, n, o, alpha);
     if (v < CV) weigh(nr, v, 1, p, lat, ls, n, o, alpha);
 }
+#endif
 
 /* out[i] = (W[i] . x) / div for rows i < m of W (row stride ldw) over n numbers: four rows at a time, so one load of
  * x serves four multiply-adds and one transpose-sum finishes four rows. */
@@ -253,14 +357,20 @@ static void attend(int s0, int s1, int R, const float *q, const float *lat, long
                 const long tok = j0 + (j + t < n ? j + t : n - 1);
                 lj[t] = lat + tok * ls; kj[t] = kr + tok * ks;
             }
-            v4 sc[3];
+            v4 sc[SR];
             int r = 0;
-            for (; r + 3 <= R; r += 3) {
-                scores4(3, q + r * KD, lj, kj, sc);
-                for (int i = 0; i < 3; i++) store4(&s[r + i][j], sc[i]);
+            for (; r + SR <= R; r += SR) {
+                scores4(SR, q + r * KD, lj, kj, sc);
+                for (int i = 0; i < SR; i++) store4(&s[r + i][j], sc[i]);
             }
-            if (R - r == 2) { scores4(2, q + r * KD, lj, kj, sc); for (int i = 0; i < 2; i++) store4(&s[r + i][j], sc[i]); }
-            else if (R - r == 1) { scores4(1, q + r * KD, lj, kj, sc); store4(&s[r][j], sc[0]); }
+            switch (R - r) {                          /* the last rows: a constant count, so registers stay */
+#define TAIL(k) case k: scores4(k, q + r * KD, lj, kj, sc); for (int i = 0; i < k; i++) store4(&s[r + i][j], sc[i]); break;
+            TAIL(1) TAIL(2)
+#if SR > 3
+            TAIL(3) TAIL(4) TAIL(5)
+#endif
+#undef TAIL
+            }
         }
         for (int r = 0; r < R; r++) {                 /* online softmax: each row's maximum, */
             v8 mx[2] = {load(&s[r][0]), load(&s[r][0])};
@@ -375,6 +485,15 @@ int mla_absorbed_decode(int B, int T, int H, int D, int E, int S, int threads, f
     return 0;
 }
 
+/* The vector width the kernel was built with, in floats: 16 (AVX-512) or 8. */
+int mla_vector_width(void) {
+#ifdef WIDE
+    return 16;
+#else
+    return 8;
+#endif
+}
+
 /* mla_absorbed_decode with its arguments packed in 26 eight-byte slots (one ctypes argument instead of 26,
  * whose conversion cost several microseconds a call): B, T, H, D, E, S, threads as integers, the scale as a
  * double, then qn, qn_b, qn_h, qn_t, qr, qr_b, qr_h, qr_t, w_uk, w_uv, w_o, lat, lat_b, lat_s, kr, kr_b, kr_s, out
@@ -394,6 +513,7 @@ int mla_absorbed_decode_packed(const void *args) {
 
 _lock = threading.Lock()
 _libs: dict[tuple[int, int], object] = {}      # (latent, rope) -> the loaded function, or None after a failure
+_widths: dict[tuple[int, int], int] = {}       # (latent, rope) -> the loaded kernel's vector width, in floats
 
 
 # os.environ's own dictionary (bytes on POSIX), read directly: os.environ.get costs about 2 us a call, a tenth
@@ -468,9 +588,12 @@ def _function(latent: int, rope: int):
     with _lock:
         if key not in _libs:
             try:
-                fn = ctypes.CDLL(str(_built(latent, rope))).mla_absorbed_decode_packed
+                lib = ctypes.CDLL(str(_built(latent, rope)))
+                fn = lib.mla_absorbed_decode_packed
                 fn.argtypes = [ctypes.c_char_p]
                 fn.restype = ctypes.c_int
+                lib.mla_vector_width.restype = ctypes.c_int
+                _widths[key] = lib.mla_vector_width()
                 _libs[key] = fn
             except Exception as err:                  # no compiler, a failed build or load: PyTorch instead
                 log.warning("fused MLA kernel unavailable, using the PyTorch kernel: %s", err)
@@ -513,6 +636,11 @@ def _weights(layer, inp: dict) -> tuple | None:
             and w_o.is_cpu and w_o.dtype is f32):
         return w_uk, w_uv, w_o
     return None
+
+
+def vector_width(latent: int, rope: int) -> int | None:
+    """The vector width (floats) of the kernel loaded for this shape: 16 with AVX-512, else 8; None if none."""
+    return _widths.get((latent, rope)) if _function(latent, rope) is not None else None
 
 
 def applies(layer, inp: dict) -> bool:

@@ -7,7 +7,8 @@ Reports:
 - copy bandwidth twice: a 256 MiB copy (DRAM, or HBM on a GPU) and, per row, a copy as large as that row's
   cache (these caches fit in the CPU's L3, so the DRAM figure alone flatters a kernel);
 - MLA decode on one layer of the trained MLA model, batch 1: naive, the plain-MHA cache, absorbed (what the
-  server runs: on the CPU in float32 the fused one-pass C kernel, kernels/mla_cpu.py) and the previous absorbed
+  server runs: on the CPU in float32 the fused one-pass C kernel, kernels/mla_cpu.py), on a CPU with AVX-512
+  the same kernel built without it (8-float vectors), and the previous absorbed
   kernel (PyTorch ops, heads as the rows of one matmul; what runs on CUDA), each with its time and the bytes
   the formula says it reads (the cache: latent + RoPE key per token, at the model's widths) ÷ time as a share
   of both copy bandwidths;
@@ -35,7 +36,7 @@ import torch
 
 from kvx.compute.kernel_specs import (EvictionRequest, _mla_layer, describe_device, eviction_run, kernel_threads,
                                       threads)
-from kvx.compute.kernels import mla, paged
+from kvx.compute.kernels import mla, mla_cpu, paged
 from kvx.compute.kernels.timing import cache_flusher, clock_name, copy_bandwidth, device, median_seconds
 
 ROUNDS = 3
@@ -59,9 +60,41 @@ def cache_copy_bandwidth(dev, nbytes: float) -> float:
     return copy_bandwidth(dev, mib=max(nbytes, 4096) / 2 ** 20, repeats=15)
 
 
+def narrow_kernel(latent: int, rope: int):
+    """The fused kernel built as the server's is but without AVX-512 (8-float vectors), in a temporary directory,
+    to time beside the 16-float build on the same CPU in the same run; None where the server's build is 8-float
+    already or this does not compile. (A benchmark may run a compiler; the server never does.)"""
+    import ctypes
+    import subprocess
+    import tempfile
+    if mla_cpu.vector_width(latent, rope) != 16:
+        return None
+    cc, flags, _ = mla_cpu.plans(latent, rope)[0]
+    src = Path(tempfile.mkdtemp(prefix="kvx-bench-")) / "mla_narrow.c"
+    src.write_text(mla_cpu.SOURCE)
+    lib = src.with_suffix(".so")
+    if subprocess.run([cc, *flags, "-mno-avx512f", "-o", str(lib), str(src), "-lm", "-pthread"],
+                      capture_output=True).returncode != 0:
+        return None
+    fn = ctypes.CDLL(str(lib)).mla_absorbed_decode_packed
+    fn.argtypes, fn.restype = [ctypes.c_char_p], ctypes.c_int
+    return fn
+
+
+def with_kernel(fn, layer, inp):
+    """mla.absorbed with the fused kernel `fn` in place of the loaded one, for this call."""
+    key = (layer.c.kv_latent, layer.c.rope_dim)
+    loaded, mla_cpu._libs[key] = mla_cpu._libs[key], fn
+    try:
+        return mla.absorbed(layer, inp)
+    finally:
+        mla_cpu._libs[key] = loaded
+
+
 def bench_mla(dev, dtype, contexts, dram_bps: float, repeats: int, flush=None) -> list[dict]:
     import copy
     layer = copy.deepcopy(_mla_layer()).to(dev, dtype)
+    narrow = narrow_kernel(layer.c.kv_latent, layer.c.rope_dim) if dev.type == "cpu" and dtype == torch.float32 else None
     rows = []
     for context in contexts:
         inp = mla.decode_inputs(layer, 1, context, torch.Generator().manual_seed(0), dtype=dtype)
@@ -74,12 +107,14 @@ def bench_mla(dev, dtype, contexts, dram_bps: float, repeats: int, flush=None) -
                  "materialized": lambda: mla.materialized(layer, inp, mha_cache),
                  "absorbed": lambda: mla.absorbed(layer, inp),
                  "absorbed_old": lambda: mla.absorbed_matmul(layer, inp)}
+        if narrow is not None:
+            forms["absorbed_narrow"] = lambda: with_kernel(narrow, layer, inp)
         seconds = timed(forms, dev, repeats, flush)
         row = {"context": context, "cache_bytes": cost["cache_bytes"], "cache_copy_bytes_per_s": cache_bps,
                "absorbed_implementation": mla.absorbed_implementation(layer, inp),
                "absorbed_old_implementation": "PyTorch ops (heads as the rows of one matmul)"}
         for name, fn in forms.items():
-            nbytes = cost[("absorbed" if name == "absorbed_old" else name) + "_bytes"]
+            nbytes = cost[("absorbed" if name.startswith("absorbed") else name) + "_bytes"]
             row[name] = {"seconds": seconds[name], "bytes": nbytes,
                          "bandwidth_share": nbytes / seconds[name] / dram_bps,
                          "cache_copy_share": nbytes / seconds[name] / cache_bps,
@@ -87,6 +122,8 @@ def bench_mla(dev, dtype, contexts, dram_bps: float, repeats: int, flush=None) -
         row["absorbed_over_mha"] = seconds["absorbed"] / seconds["materialized"]
         row["absorbed_old_over_mha"] = seconds["absorbed_old"] / seconds["materialized"]
         row["absorbed_new_over_old"] = seconds["absorbed"] / seconds["absorbed_old"]
+        if narrow is not None:
+            row["absorbed_over_narrow"] = seconds["absorbed"] / seconds["absorbed_narrow"]
         rows.append(row)
     return rows
 
@@ -190,9 +227,11 @@ def print_report(report: dict) -> None:
     for row in report["mla"]:
         cells = [f"{row[f]['seconds'] * 1e3:7.3f} ms {row[f]['bandwidth_share']:5.0%}/{row[f]['cache_copy_share']:4.0%}"
                  for f in ("naive", "materialized", "absorbed", "absorbed_old")]
+        narrow = (f"; 8-float build {row['absorbed_narrow']['seconds'] * 1e3:.3f} ms, this build "
+                  f"{row['absorbed_over_narrow']:.3f}x its time" if "absorbed_narrow" in row else "")
         print(f"{row['context']:>8} " + " ".join(f"{c:>24}" for c in cells) +
               f" {row['absorbed_over_mha']:>7.2f}x {row['absorbed_old_over_mha']:>7.2f}x "
-              f"{row['absorbed_new_over_old']:>7.2f}x")
+              f"{row['absorbed_new_over_old']:>7.2f}x{narrow}")
     print("\npaged decode against contiguous decode, the new pair and the old pair (errors against float64)")
     for row in report["paged"]:
         flash = row.get("sdpa_flash_full_length_seconds")

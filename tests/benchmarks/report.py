@@ -49,9 +49,9 @@ def kernels_md(k: dict) -> list[str]:
              "MLA decode, one layer of the trained MLA model, batch 1, float32 (time; bytes the formula says "
              "move ÷ time, as a share of the machine's copy bandwidth and, after the semicolon, of a copy the "
              "size of the cache, which like the cache fits in L3):", "",
-             "| context | naive | plain MHA cache | absorbed | absorbed, the previous kernel | absorbed ÷ MHA cache "
-             "(previous) |", "|---:|---:|---:|---:|---:|---:|"]
-    forms = ("naive", "materialized", "absorbed", "absorbed_old")
+             "| context | naive | plain MHA cache | absorbed | absorbed, 8-float build | absorbed, the previous kernel "
+             "| absorbed ÷ MHA cache (previous) |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    forms = ("naive", "materialized", "absorbed", "absorbed_narrow", "absorbed_old")
     for row in k["mla"]:
         cells = []
         for f in forms:
@@ -67,6 +67,10 @@ def kernels_md(k: dict) -> list[str]:
     if k["mla"] and "absorbed_implementation" in k["mla"][0]:
         lines += ["", f"Absorbed: {k['mla'][0]['absorbed_implementation']}; the previous kernel: "
                       f"{k['mla'][0].get('absorbed_old_implementation', '-')}."]
+        if "absorbed_narrow" in k["mla"][0]:
+            lines += [f"The 8-float build is the same kernel compiled without AVX-512 (-mno-avx512f), timed in the "
+                      f"same run: absorbed ÷ it " + ", ".join(f"{r['absorbed_over_narrow']:.2f}×" for r in k["mla"])
+                      + " at " + " / ".join(f"{r['context'] // 1024}K" for r in k["mla"]) + "."]
     lines += ["", "Paged vs contiguous decode, batch 8:", "", "| context | paged | contiguous | paged ÷ contiguous "
               "| max error | paged share of copy bandwidth |", "|---:|---:|---:|---:|---:|---:|"]
     for row in k["paged"]:

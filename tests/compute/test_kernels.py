@@ -90,7 +90,7 @@ def test_mla_absorbed_reads_fewer_bytes_than_mha_but_does_more_flops():
 
 
 def _two_token_inputs(layer, batch: int, context: int, seed: int) -> dict:
-    """decode_inputs with two new tokens (4 heads x 2 = 8 query rows), the latent a strided slice."""
+    """decode_inputs with two new tokens (twice the heads in query rows), the latent a strided slice."""
     c = layer.c
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, context + 2, c.d_model, generator=g)
@@ -115,13 +115,24 @@ def build_fused(layer) -> None:
     mla_cpu._libs.pop(shape, None)               # a load tried before the build is forgotten
 
 
+@pytest.fixture(scope="module")
+def wide_mla_model():
+    """Widths that are multiples of 16 (the 16-lane build where the CPU has AVX-512) and 5 heads: 5 and 10 query
+    rows leave every tail of the six-row score groups."""
+    torch.manual_seed(1)
+    return TinyLM(LMConfig("t-mla16", "mla", d_model=48, n_layers=1, n_heads=5, head_dim=16, kv_latent=32,
+                           rope_dim=16, max_len=256)).eval()
+
+
+@pytest.mark.parametrize("model", ["mla_model", "wide_mla_model"])
 @pytest.mark.parametrize("batch,context,threads", [(1, 1, 1), (3, 37, 1), (2, 300, 1), (1, 5000, 1), (2, 16400, 2),
                                                    (1, 25000, 3)])
-def test_mla_fused_cpu_kernel_equals_the_pytorch_kernel_and_float64(mla_model, batch, context, threads):
+def test_mla_fused_cpu_kernel_equals_the_pytorch_kernel_and_float64(model, batch, context, threads, request):
     """The fused C kernel (float32, CPU) against the PyTorch absorbed kernel and a float64 naive decode: partial
-    chunks and 8-token groups, two new tokens, a strided latent, several sequences, tokens split over threads."""
+    chunks and 8-token groups, two new tokens, a strided latent, several sequences, tokens split over threads;
+    8-lane widths (24 + 8) and 16-lane ones (32 + 16), with 4, 5, 8 and 10 query rows."""
     from kvx.compute.kernel_specs import threads as with_threads
-    layer = mla_model.blocks[0].attn
+    layer = request.getfixturevalue(model).blocks[0].attn
     build_fused(layer)
     for inp in (mla.decode_inputs(layer, batch, context, torch.Generator().manual_seed(context)),
                 _two_token_inputs(layer, batch, context, context)):
@@ -130,7 +141,10 @@ def test_mla_fused_cpu_kernel_equals_the_pytorch_kernel_and_float64(mla_model, b
             fused, dispatched = mla_cpu.absorbed(layer, inp), mla.absorbed(layer, inp)
         if fused is None:
             pytest.skip("no C compiler here: absorbed runs the PyTorch kernel")
-        assert mla.absorbed_implementation(layer, inp) == mla_cpu.NAME
+        width = mla_cpu.vector_width(layer.c.kv_latent, layer.c.rope_dim)
+        sixteen = layer.c.kv_latent % 16 == 0 and layer.c.rope_dim % 16 == 0 and "avx512f" in mla_cpu._cpu_flags().split()
+        assert width == (16 if sixteen else 8)
+        assert mla.absorbed_implementation(layer, inp) == f"{mla_cpu.NAME}, {width}-float vectors"
         wide = copy.deepcopy(layer).double(), {k: v.double() for k, v in inp.items()}
         # naive decodes one new token; for two, the PyTorch absorbed kernel in float64 is the reference
         reference = mla.naive(*wide) if inp["q_nope"].shape[2] == 1 else mla.absorbed_matmul(*wide)
