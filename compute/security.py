@@ -107,9 +107,12 @@ class BodyLimit:
             if int(text) > limit:
                 return await _json(send, 413, f"The request body may be at most {limit} bytes; "
                                               f"got {text[:20]}.")
+        if length is None and b"transfer-encoding" not in headers:
+            return await self.app(scope, receive, send)     # no body (RFC 9112 section 6.3): nothing to count
         try:
-            body = await asyncio.wait_for(self._read(receive, limit), self.body_timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.body_timeout_s):    # unlike wait_for, no task per request
+                body = await self._read(receive, limit)
+        except TimeoutError:
             return await _json(send, 408, f"The request body did not arrive within {self.body_timeout_s:g} s.")
         except _TooLarge:
             return await _json(send, 413, f"The request body may be at most {limit} bytes; got more "

@@ -402,6 +402,27 @@ def test_content_length_with_transfer_encoding_is_refused_and_the_connection_clo
         assert status == 413 and closed and "at most 65536 bytes" in json.loads(detail)["detail"]
 
 
+@pytest.mark.parametrize("framing", [b"Content-Length: 40\r\n", b"Transfer-Encoding: chunked\r\n"])
+def test_a_body_that_does_not_arrive_in_time_is_a_json_408(tmp_path, framing):
+    """A body trickled, or promised and never sent, holds its connection only until the body deadline."""
+    app = create_app(Settings(site_dir=tmp_path, body_timeout_s=0.5))
+    start = b"POST /api/v1/explainers/cache-renting HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + framing
+    with guarded(app) as port:
+        t0 = time.monotonic()
+        raw, _ = exchange(port, start + b"\r\n" + (b"5\r\n{\"con" if b"chunked" in framing else b'{"con'), wait_s=5)
+        took = time.monotonic() - t0
+        (status, headers, detail), = answers(raw)
+        assert status == 408 and 0.5 <= took < 4 and headers["content-type"] == "application/json"
+        assert headers["x-content-type-options"] == "nosniff" and "within 0.5 s" in json.loads(detail)["detail"]
+        # a whole body in time, and a request with no body at all, are answered as usual
+        body = b'{"context": 4000}'
+        raw, _ = exchange(port, b"POST /api/v1/explainers/cache-renting HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert answers(raw)[0][0] == 200
+        raw, _ = exchange(port, b"POST /api/v1/explainers/cache-renting HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert answers(raw)[0][0] == 200                          # no body: the model's defaults
+
+
 @pytest.mark.parametrize("request_bytes", [
     b"POST /api/v1/explainers/cache-renting HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n",
     b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
