@@ -250,9 +250,11 @@ def _strict_json(reply: dict) -> str:
 # The browser's Python (WebAssembly) runs slower until the engine has compiled its hot functions with its
 # optimising compiler, which it does only after they have run for a while: measured in Chromium, the first
 # twenty changes on a simulation page took 2-3x as long in Python as the next twenty. So right after it is
-# ready the worker evaluates the page at a few other values (real work: a cached answer compiles nothing)
-# while the reader is still reading, stopping as soon as a real change comes.
-WARM_UP_RUNS = 6
+# ready the worker evaluates the page at other values (real work: a cached answer compiles nothing) while
+# the reader is still reading, stopping as soon as a real change comes or its time is up (kvx-worker.mjs).
+# Six were too few: on cache-renting, with a 4 s pause after ready, Python's time per change went from 38 ms
+# on the first to about 2 ms by the twentieth; after forty warm-up runs the first took 2.8 ms.
+WARM_UP_RUNS = 40
 
 
 def warm_up_values(slug: str) -> list[dict]:

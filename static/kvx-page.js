@@ -714,6 +714,48 @@ function withHalo(ctx, draw) {
   try { return draw(); } finally { delete ctx.fillText; }
 }
 
+// BokehJS 3.9 reads a CSS variable (--bk-<visual>-<property>) with getComputedStyle for every property of
+// every scalar visual (axes, grids, titles, labels) on every paint, so that a stylesheet can restyle a plot.
+// These pages set none: measured over every page, about a thousand lookups a change and every one "". Each
+// lookup after a DOM change recalculates style, so the page answers them as "" (unset) itself. Returns
+// Bokeh's own lookup (a test checks it still finds nothing), or null where this Bokeh has none.
+function cssVisualsUnset() {
+  try {
+    const visual = Bokeh.require("core/visuals/visual").VisualProperties.prototype;
+    const lookup = visual._get_css_value;
+    if (typeof lookup !== "function") return null;
+    visual._get_css_value = () => "";
+    return lookup;
+  } catch (err) {
+    return null;                         // another BokehJS: its own lookups
+  }
+}
+
+// A BokehJS 3.9 plot reads its font size with getComputedStyle for every axis label it measures (40-150
+// times a change on these pages, 12 px every time), each read after a DOM change a style recalculation.
+// It changes only with the page's style, which changes here only with the window's size: each plot keeps
+// the value it read until the next resize. Returns Bokeh's own read (a test compares the two), or null.
+function plotFontSizeKept() {
+  try {
+    let owner = Bokeh.Models.get("Plot").prototype.default_view.prototype, found;
+    while (owner && !(found = Object.getOwnPropertyDescriptor(owner, "base_font_size"))) owner = Object.getPrototypeOf(owner);
+    if (!found || !found.get) return null;
+    let generation = 0;
+    window.addEventListener("resize", () => { generation += 1; });
+    const kept = new WeakMap();
+    Object.defineProperty(owner, "base_font_size", { configurable: true, get() {
+      const last = kept.get(this);
+      if (last && last.generation === generation) return last.value;
+      const value = found.get.call(this);
+      kept.set(this, { generation, value });
+      return value;
+    } });
+    return found.get;
+  } catch (err) {
+    return null;                         // another BokehJS: its own reads
+  }
+}
+
 function labelsStayInside() {
   const labels = Bokeh.Models.get("LabelSet").prototype.default_view.prototype;
   const paintText = labels._paint_text;
@@ -918,11 +960,14 @@ function whenBokehReady() {
 }
 
 window.kvx = { onControl: () => { if (!state.suppress) request(); }, anim: animation, timings, state, runHere,
-               onUpload, clearUpload, text: (name) => shown[name], get worker() { return worker; } };
+               onUpload, clearUpload, text: (name) => shown[name], get worker() { return worker; },
+               get bokehCssLookup() { return bokehCssLookup; }, get bokehFontSizeRead() { return bokehFontSizeRead; } };
 
 // Python starts before BokehJS has drawn (it takes 1-2 s on a loaded machine): the two overlap.
 // Nothing in the worker's replies touches Bokeh until the reader changes something, which needs the doc.
 labelsStayInside();                      // before the first paint
+const bokehCssLookup = cssVisualsUnset();
+const bokehFontSizeRead = plotFontSizeKept();
 const drawn = whenBokehReady();
 startWorker();
 doc = await drawn;

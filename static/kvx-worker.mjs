@@ -12,7 +12,9 @@ let warmUpValues = () => [];
 let starting = null;
 let current = null;          // the id of the request Python is working on
 let asked = false;           // a real request has come: the warm-up stops
-const WARM_UP_MS = 700;      // the warm-up's budget after ready: done before a reader's first change (about a second)
+// The warm-up's budget after ready (registry.WARM_UP_RUNS: why). A real change stops it, waiting for one
+// evaluation at most; the arithmetic pages finish all forty runs well within it.
+const WARM_UP_MS = 2000;
 // A long replay (a big uploaded trace) reports how far it is; the page shows it while Python works.
 self.kvxProgress = (share, text) => self.postMessage({ type: "progress", id: current, share, text });
 
@@ -79,7 +81,7 @@ self.onmessage = async (event) => {
     }
   } else if (msg.type === "warm") {
     // Right after ready, with nothing asked yet: the first evaluation pays for lazy imports and cold
-    // caches (7-181 ms measured), so pay it now rather than on the reader's first change. Then a few
+    // caches (7-181 ms measured), so pay it now rather than on the reader's first change. Then
     // evaluations at other values (registry.warm_up_values: why), one task each, so a real change that
     // comes meanwhile waits for one evaluation at most, and none after it.
     await starting;

@@ -109,3 +109,47 @@ def test_second_page_costs_under_0_3_mb_on_the_wire(playwright, counted_site, tm
         assert app.total <= 300_000, app.total
     finally:
         ctx.close()
+
+
+RECORD_CSS_LOOKUPS = """() => {
+    const visual = Bokeh.require("core/visuals/visual").VisualProperties.prototype;
+    const skip = visual._get_css_value, lookup = window.kvx.bokehCssLookup;
+    if (lookup === null || skip.call(null, "line-color") !== "") return false;
+    const seen = window.kvxCssSeen = {calls: 0, set: []};
+    visual._get_css_value = function (name) {
+        const value = lookup.call(this, name);
+        seen.calls++;
+        if (value !== "") seen.set.push(`${this.css_prefix}${name}: ${value}`);
+        return value;
+    };
+    window.kvxCssRestore = () => { visual._get_css_value = skip; };
+    return true;
+}"""
+
+
+FONT_SIZES = """() => { const PlotView = Bokeh.Models.get("Plot").prototype.default_view;
+    return Array.from(Bokeh.index.all_views()).filter((v) => v instanceof PlotView)
+      .map((v) => [window.kvx.bokehFontSizeRead.call(v), v.base_font_size]); }"""
+
+
+def test_the_style_reads_the_page_skips_would_give_what_it_uses_on_every_page(offline_page, site_url):
+    """The page answers BokehJS's per-paint CSS-variable lookups (--bk-<visual>-<property>) as unset, and
+    each plot keeps its font size until the window is resized: each saves a style recalculation per read.
+    That is only right while what Bokeh itself would read agrees: its own lookup, run over every plot of
+    every page as it paints at a phone's width and a laptop's, must find no variable set (a stylesheet that
+    set one fails this), and every plot's kept font size must equal a fresh read at each width."""
+    page = offline_page
+    for slug in REGISTRY:
+        page.set_viewport_size({"width": 1280, "height": 900})
+        page.goto(f"{site_url}/{slug}.html")
+        page.wait_for_selector("html[data-kvx-drawn]", state="attached", timeout=30_000)
+        assert page.evaluate(RECORD_CSS_LOOKUPS), f"{slug}: the page does not skip Bokeh's CSS lookups"
+        sizes = page.evaluate(FONT_SIZES)                              # as kept since the first paint
+        assert sizes and all(read == kept for read, kept in sizes), (slug, "first paint", sizes)
+        for width, height in ((360, 800), (1280, 900)):               # each layout paints every plot again
+            page.set_viewport_size({"width": width, "height": height})
+            page.wait_for_timeout(400)
+            sizes = page.evaluate(FONT_SIZES)
+            assert sizes and all(read == kept for read, kept in sizes), (slug, width, sizes)
+        seen = page.evaluate("() => { window.kvxCssRestore(); return window.kvxCssSeen; }")
+        assert seen["calls"] > 100 and seen["set"] == [], (slug, seen["calls"], seen["set"][:5])
