@@ -132,13 +132,29 @@ FONT_SIZES = """() => { const PlotView = Bokeh.Models.get("Plot").prototype.defa
       .map((v) => [window.kvx.bokehFontSizeRead.call(v), v.base_font_size]); }"""
 
 
+# Every legend's entries after a change to every data source (which Bokeh answers with a rebuild the page
+# skips when nothing in the legend changed), then after Bokeh's own rebuild: the two must be the same.
+LEGENDS_KEPT_AND_REBUILT = """() => {
+    const doc = Bokeh.documents[0], Legend = Bokeh.Models.get("Legend").prototype.default_view;
+    for (const m of doc.all_models) if (m.type === "ColumnDataSource") m.data = new Map(m.data instanceof Map ? m.data : Object.entries(m.data));
+    const legends = Array.from(Bokeh.index.all_views()).filter((v) => v instanceof Legend);
+    const read = () => legends.map((v) => [v.entries.map((e) => [e.label, e.el.isConnected, e.el.className]),
+                                           v.grid_el.innerHTML.replace(/<canvas[^>]*>/g, "<canvas>")]);
+    const kept = read();
+    for (const v of legends) window.kvx.bokehLegendRebuild.call(v);
+    return [kept, read()];
+}"""
+
+
 def test_the_style_reads_the_page_skips_would_give_what_it_uses_on_every_page(offline_page, site_url):
     """The page answers BokehJS's per-paint CSS-variable lookups (--bk-<visual>-<property>) as unset, and
     each plot keeps its font size until the window is resized: each saves a style recalculation per read.
     That is only right while what Bokeh itself would read agrees: its own lookup, run over every plot of
     every page as it paints at a phone's width and a laptop's, must find no variable set (a stylesheet that
-    set one fails this), and every plot's kept font size must equal a fresh read at each width."""
+    set one fails this), and every plot's kept font size must equal a fresh read at each width. Legends the
+    page does not rebuild on a data change must equal Bokeh's own rebuild."""
     page = offline_page
+    legend_entries = 0
     for slug in REGISTRY:
         page.set_viewport_size({"width": 1280, "height": 900})
         page.goto(f"{site_url}/{slug}.html")
@@ -153,3 +169,7 @@ def test_the_style_reads_the_page_skips_would_give_what_it_uses_on_every_page(of
             assert sizes and all(read == kept for read, kept in sizes), (slug, width, sizes)
         seen = page.evaluate("() => { window.kvxCssRestore(); return window.kvxCssSeen; }")
         assert seen["calls"] > 100 and seen["set"] == [], (slug, seen["calls"], seen["set"][:5])
+        kept, rebuilt = page.evaluate(LEGENDS_KEPT_AND_REBUILT)
+        assert kept == rebuilt, slug
+        legend_entries += sum(len(entries) for entries, _ in kept)
+    assert legend_entries > 20                                         # the pages do have legends to keep
