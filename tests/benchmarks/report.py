@@ -101,14 +101,16 @@ def load_md(x: dict) -> list[str]:
 
 def attack_md(x: dict) -> list[str]:
     from attack_server import table   # the attack suite's own table
-    slow = next(p for p in x["phases"] if p["phase"] == "slow")
+    slow = next((p for p in x["phases"] if p["phase"] == "slow"), None)
+    slow_line = "" if slow is None else (f" Slow connections: {slow['opened']:,} opened, {slow['closed_by_server']:,} "
+                                         f"closed by the server; its log grew {slow['log_growth_bytes']:,} bytes "
+                                         f"meanwhile.")
     return [f"`kvx serve` on 127.0.0.1 under `ulimit -n {x['open_file_limit']}`, about {x['seconds_per_phase']:g} s a "
             f"phase; health and a static page probed every 50 ms on fresh connections from a separate process. "
             f"Errors are answers other than 2xx, a 422 refusal or a 429/503 with Retry-After, and failed probes. "
             f"Peak RSS is the server and its job processes together.", "", table(x), "",
             f"Worst health p99 ÷ baseline: {x['worst_ratio']:.2f} (target at most 3); errors: {x['errors']} "
-            f"(target 0). Slow connections: {slow['opened']:,} opened, {slow['closed_by_server']:,} closed by the "
-            f"server; its log grew {slow['log_growth_bytes']:,} bytes meanwhile."]
+            f"(target 0).{slow_line}"]
 
 
 def radix_md(r: dict) -> list[str]:
