@@ -29,26 +29,34 @@ def checkpoint_widths() -> list[tuple[int, int]]:
     return sorted(out)
 
 
+def compile_source(cc: str, flags: list[str], out: Path) -> str | None:
+    """Compile the fused MLA kernel's source with these flags into `out` (atomically); None, or why it failed."""
+    src, tmp = out.with_suffix(f".{os.getpid()}.c"), out.with_suffix(f".{os.getpid()}.tmp")
+    src.write_text(mla_cpu.SOURCE)
+    try:
+        r = subprocess.run([cc, *flags, "-o", str(tmp), str(src), "-lm", "-pthread"], capture_output=True,
+                           text=True, timeout=120)
+        if r.returncode == 0:
+            os.replace(tmp, out)                  # atomic: a process reading the cache sees all or nothing
+            return None
+        return r.stderr[-500:]
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return str(err)
+    finally:
+        src.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+
+
 def build_mla(latent: int, rope: int) -> Path:
     """The library for this shape, compiled unless it is already there; raises with the compiler's words."""
     errors = []
     for cc, flags, out in mla_cpu.plans(latent, rope):
         if out.exists():
             return out
-        src, tmp = out.with_suffix(f".{os.getpid()}.c"), out.with_suffix(f".{os.getpid()}.tmp")
-        src.write_text(mla_cpu.SOURCE)
-        try:
-            r = subprocess.run([cc, *flags, "-o", str(tmp), str(src), "-lm", "-pthread"], capture_output=True,
-                               text=True, timeout=120)
-            if r.returncode == 0:
-                os.replace(tmp, out)              # atomic: a process reading the cache sees all or nothing
-                return out
-            errors.append(r.stderr[-500:])
-        except (OSError, subprocess.TimeoutExpired) as err:
-            errors.append(str(err))
-        finally:
-            src.unlink(missing_ok=True)
-            tmp.unlink(missing_ok=True)
+        error = compile_source(cc, flags, out)
+        if error is None:
+            return out
+        errors.append(error)
     raise RuntimeError(f"compiling the fused MLA kernel ({latent}, {rope}) failed: " + " | ".join(errors))
 
 

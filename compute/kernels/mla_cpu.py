@@ -580,6 +580,16 @@ def _built(latent: int, rope: int) -> Path:
                             f"RoPE key on this CPU (run `kvx build-kernels`)")
 
 
+def load(path: Path) -> tuple:
+    """The kernel's entry point in the library at `path`, and the vector width (floats) it was built with."""
+    lib = ctypes.CDLL(str(path))
+    fn = lib.mla_absorbed_decode_packed
+    fn.argtypes = [ctypes.c_char_p]
+    fn.restype = ctypes.c_int
+    lib.mla_vector_width.restype = ctypes.c_int
+    return fn, lib.mla_vector_width()
+
+
 def _function(latent: int, rope: int):
     """The compiled kernel for this latent and RoPE width, or None (logged once) when it cannot be had."""
     key = (latent, rope)
@@ -588,12 +598,7 @@ def _function(latent: int, rope: int):
     with _lock:
         if key not in _libs:
             try:
-                lib = ctypes.CDLL(str(_built(latent, rope)))
-                fn = lib.mla_absorbed_decode_packed
-                fn.argtypes = [ctypes.c_char_p]
-                fn.restype = ctypes.c_int
-                lib.mla_vector_width.restype = ctypes.c_int
-                _widths[key] = lib.mla_vector_width()
+                fn, _widths[key] = load(_built(latent, rope))
                 _libs[key] = fn
             except Exception as err:                  # no compiler, a failed build or load: PyTorch instead
                 log.warning("fused MLA kernel unavailable, using the PyTorch kernel: %s", err)

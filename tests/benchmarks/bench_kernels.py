@@ -64,21 +64,16 @@ def narrow_kernel(latent: int, rope: int):
     """The fused kernel built as the server's is but without AVX-512 (8-float vectors), in a temporary directory,
     to time beside the 16-float build on the same CPU in the same run; None where the server's build is 8-float
     already or this does not compile. (A benchmark may run a compiler; the server never does.)"""
-    import ctypes
-    import subprocess
     import tempfile
+    from kvx.site.native import compile_source
     if mla_cpu.vector_width(latent, rope) != 16:
         return None
     cc, flags, _ = mla_cpu.plans(latent, rope)[0]
-    src = Path(tempfile.mkdtemp(prefix="kvx-bench-")) / "mla_narrow.c"
-    src.write_text(mla_cpu.SOURCE)
-    lib = src.with_suffix(".so")
-    if subprocess.run([cc, *flags, "-mno-avx512f", "-o", str(lib), str(src), "-lm", "-pthread"],
-                      capture_output=True).returncode != 0:
+    lib = Path(tempfile.mkdtemp(prefix="kvx-bench-")) / "mla_narrow.so"
+    if compile_source(cc, [*flags, "-mno-avx512f"], lib) is not None:
         return None
-    fn = ctypes.CDLL(str(lib)).mla_absorbed_decode_packed
-    fn.argtypes, fn.restype = [ctypes.c_char_p], ctypes.c_int
-    return fn
+    fn, width = mla_cpu.load(lib)
+    return fn if width == 8 else None
 
 
 def with_kernel(fn, layer, inp):
