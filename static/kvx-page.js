@@ -986,17 +986,15 @@ function whenBokehReady() {
   });
 }
 
+// Before the first paint: what the page does in BokehJS's place, with Bokeh's own ways kept for the tests.
+labelsStayInside();
+const bokehOwn = { cssLookup: cssVisualsUnset(), fontSizeRead: plotFontSizeKept(), legendRebuild: legendsKept() };
+
 window.kvx = { onControl: () => { if (!state.suppress) request(); }, anim: animation, timings, state, runHere,
-               onUpload, clearUpload, text: (name) => shown[name], get worker() { return worker; },
-               get bokehCssLookup() { return bokehCssLookup; }, get bokehFontSizeRead() { return bokehFontSizeRead; },
-               get bokehLegendRebuild() { return bokehLegendRebuild; } };
+               onUpload, clearUpload, text: (name) => shown[name], get worker() { return worker; }, bokehOwn };
 
 // Python starts before BokehJS has drawn (it takes 1-2 s on a loaded machine): the two overlap.
 // Nothing in the worker's replies touches Bokeh until the reader changes something, which needs the doc.
-labelsStayInside();                      // before the first paint
-const bokehCssLookup = cssVisualsUnset();
-const bokehFontSizeRead = plotFontSizeKept();
-const bokehLegendRebuild = legendsKept();
 const drawn = whenBokehReady();
 startWorker();
 doc = await drawn;

@@ -113,7 +113,7 @@ def test_second_page_costs_under_0_3_mb_on_the_wire(playwright, counted_site, tm
 
 RECORD_CSS_LOOKUPS = """() => {
     const visual = Bokeh.require("core/visuals/visual").VisualProperties.prototype;
-    const skip = visual._get_css_value, lookup = window.kvx.bokehCssLookup;
+    const skip = visual._get_css_value, lookup = window.kvx.bokehOwn.cssLookup;
     if (lookup === null || skip.call(null, "line-color") !== "") return false;
     const seen = window.kvxCssSeen = {calls: 0, set: []};
     visual._get_css_value = function (name) {
@@ -129,7 +129,7 @@ RECORD_CSS_LOOKUPS = """() => {
 
 FONT_SIZES = """() => { const PlotView = Bokeh.Models.get("Plot").prototype.default_view;
     return Array.from(Bokeh.index.all_views()).filter((v) => v instanceof PlotView)
-      .map((v) => [window.kvx.bokehFontSizeRead.call(v), v.base_font_size]); }"""
+      .map((v) => [window.kvx.bokehOwn.fontSizeRead.call(v), v.base_font_size]); }"""
 
 
 # Every legend's entries after a change to every data source (which Bokeh answers with a rebuild the page
@@ -141,7 +141,7 @@ LEGENDS_KEPT_AND_REBUILT = """() => {
     const read = () => legends.map((v) => [v.entries.map((e) => [e.label, e.el.isConnected, e.el.className]),
                                            v.grid_el.innerHTML.replace(/<canvas[^>]*>/g, "<canvas>")]);
     const kept = read();
-    for (const v of legends) window.kvx.bokehLegendRebuild.call(v);
+    for (const v of legends) window.kvx.bokehOwn.legendRebuild.call(v);
     return [kept, read()];
 }"""
 
