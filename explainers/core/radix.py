@@ -27,7 +27,7 @@ import itertools
 from typing import Callable
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class Node:
     tokens: tuple = ()                               # the edge into this node
     parent: "Node | None" = None
@@ -96,7 +96,9 @@ class RadixTree:
                 break
             child.last_access = now                  # before a split: the tail counts as used too
             edge = child.tokens
-            run = common_prefix(edge, tokens, matched)
+            run = len(edge)
+            if tokens[matched:matched + run] != edge:    # the usual case, the whole edge, without a call
+                run = common_prefix(edge, tokens, matched)
             matched += run
             if run < len(edge):
                 self._refile(child)                  # the tail may be a leaf whose key just changed
@@ -118,7 +120,9 @@ class RadixTree:
             if child is None:
                 break
             edge = child.tokens
-            run = common_prefix(edge, tokens, matched)
+            run = len(edge)
+            if tokens[matched:matched + run] != edge:
+                run = common_prefix(edge, tokens, matched)
             matched += run
             if run < len(edge):
                 break
@@ -148,6 +152,8 @@ class RadixTree:
         tokens[found:found + stored]."""
         tokens = tuple(tokens)
         matched, path = self.match(tokens)
+        for n in path:                               # SGLang's _insert_helper: a hit on every node walked
+            n.hits += 1
         return self._grow(tokens, matched, path)
 
     def store_matched(self, tokens, matched: int, path: list[Node]) -> tuple[int, int]:
@@ -156,16 +162,14 @@ class RadixTree:
         its effect is repeated, every node on the path used now. What a replica does when a prefill it started
         ends: nothing else touches its cache in between."""
         now = next(self.clock)
-        for n in path:
+        for n in path:                               # the walk's marks, and the insert's hits
             n.last_access = now
-        if path:
-            self._refile(path[-1])
+            n.hits += 1
         return self._grow(tuple(tokens), matched, path)
 
     def _grow(self, tokens: tuple, matched: int, path: list[Node]) -> tuple[int, int]:
-        """The rest of store, after its walk: hits along the path, then the unmatched tail as a new leaf."""
-        for n in path:                               # SGLang's _insert_helper: a hit on every node walked
-            n.hits += 1
+        """The rest of store, after its walk and its hits: the unmatched tail as a new leaf. The path's last
+        node is filed again at the end, whatever happens, so a key its walk changed is never left stale."""
         node = path[-1] if path else self.root
         rest = tokens[matched:]
         if not rest:

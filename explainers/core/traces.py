@@ -18,6 +18,7 @@ import io
 import json
 import math
 import sys
+import typing
 from typing import Callable, Iterable
 
 from .params import ParamError
@@ -149,8 +150,9 @@ def to_jsonl(records: Iterable[dict]) -> str:
 SHARED = -1                        # the owner of a block that more than one session uses
 
 
-@dataclasses.dataclass(frozen=True)
-class Request:
+class Request(typing.NamedTuple):
+    """One request of a trace (a named tuple: a replay makes one per line, and a frozen dataclass's __init__
+    sets each field through object.__setattr__, several times slower)."""
     index: int            # arrival order
     arrival: float        # s
     input_length: int     # prompt tokens

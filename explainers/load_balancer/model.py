@@ -247,8 +247,9 @@ def _synthetic(values: tuple, block_size: int) -> Workload:
     p = LoadBalancerParams(**dict(zip(SYNTHETIC_ONLY, values)), block_size=block_size, capacity=block_size)
     records = [dict(r, hash_ids=tuple(r["hash_ids"])) for r in synthetic_records(p)]
     reqs, owners, given = _requests(records, p.block_size)
-    return Workload(reqs, owners, False, given, traces.unlimited_cache_hits(records, p.block_size)[0],
-                    traces.chained(reqs))
+    # Chained by construction (_extend numbers a block by the id before it and its tokens), so not counted;
+    # test_synthetic_trace_is_mooncake_shaped_and_chained checks it with traces.chained.
+    return Workload(reqs, owners, False, given, traces.unlimited_cache_hits(records, p.block_size)[0], True)
 
 
 # ---- the fleet -----------------------------------------------------------------------------------------
@@ -260,7 +261,7 @@ class Job:
     end: float = 0.0
     matched: int = 0            # tokens found in the replica's cache when the prefill started
     blocks: int = 0             # ... and the blocks they fill
-    path: list = dataclasses.field(default_factory=list)
+    path: list | None = None    # the nodes matched when the prefill started
 
 
 @dataclasses.dataclass(eq=False)
@@ -271,10 +272,12 @@ class Replica:
     waiting: collections.deque = dataclasses.field(default_factory=collections.deque)
     running: Job | None = None
     routed: int = 0
+    order: list = dataclasses.field(default_factory=list)    # request indices routed here, in order
+    started: int = 0            # of them, how many have started (a replica serves its queue in order)
     busy: float = 0.0           # seconds of prefill served
     queued: int = 0             # tokens of prefill waiting (the routers' estimates)
     promised: dict = dataclasses.field(default_factory=dict)   # not chained: block id -> prompts sent here that hold it
-    tally: dict = dataclasses.field(default_factory=dict)   # owner (session or SHARED) -> blocks cached
+    tally: dict = dataclasses.field(default_factory=dict)   # owner (session or SHARED) -> blocks cached, if any
 
     def send(self, job: "Job", sign: int) -> None:
         """Count a routed prompt's blocks as on their way into this cache (sign +1), or done (−1). Only where
@@ -309,12 +312,15 @@ class Replica:
             j = self.running
             if j is not None and n < whole:
                 n = max(n, common_prefix(j.request.blocks, blocks))
-            for j in self.waiting:
-                if n == whole:
-                    break
-                other = j.request.blocks
-                if other[n:n + 1] == blocks[n:n + 1]:           # else it cannot share more than n
-                    n = max(n, common_prefix(other, blocks))
+            if n < whole:
+                after = blocks[n]
+                for j in self.waiting:
+                    other = j.request.blocks
+                    if len(other) > n and other[n] == after:     # else it cannot share more than n
+                        n = max(n, common_prefix(other, blocks))
+                        if n == whole:
+                            break
+                        after = blocks[n]
             return n
         n = 0
         promised = self.promised
@@ -374,6 +380,7 @@ def ring(replicas: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(h for h, _ in points), tuple(i for _, i in points)
 
 
+@functools.lru_cache(maxsize=4_096)
 def sticky_replica(session: int, replicas: int) -> int:
     hashes, owners = ring(replicas)
     at = bisect.bisect_left(hashes, zlib.crc32(f"session {session}".encode()))
@@ -391,11 +398,11 @@ class Sticky(Router):
 
 def cache_aware_scores(req: Request, fleet: list[Replica], now: float, p: LoadBalancerParams) -> list[tuple]:
     """(score, cached tokens, queued tokens) per replica: score = cached − load_weight × queued."""
-    out = []
+    out, blocks, prompt, size, weight = [], req.blocks, req.input_length, p.block_size, p.load_weight
     for r in fleet:
-        cached = cached_tokens(r.expected_blocks(req.blocks), req, p.block_size)
+        cached = min(r.expected_blocks(blocks) * size, prompt)      # cached_tokens, inline: it runs per replica
         queued = r.load(now)
-        out.append((cached - p.load_weight * queued, cached, queued))
+        out.append((cached - weight * queued, cached, queued))
     return out
 
 
@@ -438,12 +445,24 @@ class Served(typing.NamedTuple):
 
 class Snapshot(typing.NamedTuple):
     """One replica when a request has just been routed (a named tuple: up to 200 are taken per router and
-    replica in a run, and a frozen dataclass's __init__ cost a fifth of the run)."""
-    tally: dict         # owner -> blocks cached, zeros included: a plain copy, sorted only when drawn (`cache`)
+    replica in a run, and a frozen dataclass's __init__ cost a fifth of the run). Its queue is a range of
+    the requests routed to it, which are served in order: the list is shared, not copied, as it only grows."""
+    tally: dict         # owner -> blocks cached (none at 0): a plain copy, sorted only when drawn (`cache`)
     running: tuple      # request indices being prefilled (0 or 1)
-    waiting: tuple      # request indices at the head of the queue (at most QUEUE_SHOWN), first to last
-    queued: int         # requests waiting in all
+    order: list         # request indices routed to the replica in the run, in order (the replica's own list)
+    started: int        # ... of which the first `started` had started when it was taken
+    routed: int         # ... and the first `routed` had arrived
     size: int           # blocks cached
+
+    @property
+    def waiting(self) -> tuple:
+        """Request indices at the head of the queue (at most QUEUE_SHOWN), first to last."""
+        return tuple(self.order[self.started:min(self.routed, self.started + QUEUE_SHOWN)])
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting in all."""
+        return self.routed - self.started
 
     @property
     def cache(self) -> tuple:
@@ -469,77 +488,102 @@ def _snapshot(fleet: list[Replica], shown: list, changed: set) -> tuple:
     here), the same object for the rest (most replicas do not change between two arrivals)."""
     for i in changed:
         r = fleet[i]
-        shown[i] = Snapshot(dict(r.tally), (r.running.request.index,) if r.running else (),
-                            tuple([j.request.index for j in itertools.islice(r.waiting, QUEUE_SHOWN)]),
-                            len(r.waiting), r.tree.size)
+        shown[i] = Snapshot(dict(r.tally), (r.running.request.index,) if r.running else (), r.order, r.started,
+                            r.routed, r.tree.size)
     changed.clear()
     return tuple(shown)
 
 
-def _count(tally: dict, owners: dict, sign: int, blocks) -> None:
+def _count(tally: dict, owners: dict, blocks) -> None:
+    """Newly cached blocks join the tally."""
+    get = owners.get
     for b in blocks:
-        o = owners.get(b, SHARED)
-        tally[o] = tally.get(o, 0) + sign
+        o = get(b, SHARED)
+        tally[o] = tally.get(o, 0) + 1
+
+
+def _uncount(tally: dict, owners: dict, victim) -> None:
+    """A radix tree's on_evict: the evicted leaf's blocks leave the tally."""
+    get = owners.get
+    for b in victim.tokens:
+        o = get(b, SHARED)
+        n = tally[o] - 1
+        if n:
+            tally[o] = n
+        else:                    # an owner with nothing cached leaves: each snapshot copies the tally
+            del tally[o]
 
 
 def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = frozenset()) -> Run:
-    """Replay the workload under one router. Events: arrivals (priority 1) and prefill ends
-    (priority 0, so a replica that frees up at the moment a request arrives is seen as free)."""
+    """Replay the workload under one router. Events: arrivals and prefill ends, in time order; at equal times a
+    prefill end comes first (so a replica that frees up at the moment a request arrives is seen as free), and
+    equal events in the order they were made. Arrivals come in the trace's order, so only the prefill ends
+    (at most one a replica) need a heap."""
     w = workload(p)
-    fleet = [Replica(i, RadixTree(capacity_tokens(p) // p.block_size), w.chained) for i in range(p.replicas)]
+    requests, size, owners = w.requests, p.block_size, w.owners
+    fleet = [Replica(i, RadixTree(capacity_tokens(p) // size), w.chained) for i in range(p.replicas)]
     for r in fleet:                                   # keep each cache's blocks by owner as they come and go
-        r.tree.on_evict = lambda victim, tally=r.tally: _count(tally, w.owners, -1, victim.tokens)
-    heap, counter = [], itertools.count()
-    for q in w.requests:
-        heapq.heappush(heap, (q.arrival, 1, next(counter), q.index))
-    served, events, queues, snaps, scores = [None] * len(w.requests), [], [], {}, {}
+        r.tree.on_evict = functools.partial(_uncount, r.tally, owners)
+    arrivals = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i))
+    ends, counter = [], itertools.count()             # (end time, counter, replica): the prefills running
+    served, events, queues, snaps, scores = [None] * len(requests), [], [], {}, {}
     peak = [0] * p.replicas
     depth = [0] * p.replicas                          # requests running or waiting, per replica
     shown, changed = [None] * p.replicas, set(range(p.replicas))      # for _snapshot
     prefill_time: dict = {}                           # (new tokens, cached tokens) -> seconds
+    cache_aware, reads_load, long_run = router.key == "cache_aware", router.reads_load, len(requests) > 5_000
+    record = events.append
 
     def start(r: Replica, now: float) -> None:
         changed.add(r.index)
         job = r.waiting.popleft()
+        r.started += 1
         r.queued -= job.estimate
-        job.blocks, job.path = r.tree.match(job.request.blocks)
-        r.tree.lock(job.path, +1)
-        job.matched = cached_tokens(job.blocks, job.request, p.block_size)
+        q, tree = job.request, r.tree
+        job.blocks, job.path = tree.match(q.blocks)
+        tree.lock(job.path, +1)
+        job.matched = matched = min(job.blocks * size, q.input_length)     # cached_tokens, inline
         job.start = now
-        new = job.request.input_length - job.matched
-        seconds = prefill_time.get((new, job.matched))
+        new = q.input_length - matched
+        seconds = prefill_time.get((new, matched))
         if seconds is None:                           # prompts repeat their lengths: the time model once each
-            seconds = prefill_time[new, job.matched] = prefill_seconds(p, new, job.matched)
+            seconds = prefill_time[new, matched] = prefill_seconds(p, new, matched)
         job.end = now + seconds
         r.running = job
-        events.append((now, "start", job.request.index, r.index, r.tree.size))
-        heapq.heappush(heap, (job.end, 0, next(counter), r.index))
+        record((now, "start", q.index, r.index, tree.size))
+        heapq.heappush(ends, (job.end, next(counter), r.index))
 
-    while heap:
-        now, kind, _, x = heapq.heappop(heap)
-        if kind == 0:                                   # replica x finished a prefill
-            r = fleet[x]
-            changed.add(x)
-            job, r.running = r.running, None
-            held, stored = r.tree.store_matched(job.request.blocks, job.blocks, job.path)    # as start left it
-            _count(r.tally, w.owners, +1, job.request.blocks[held:held + stored])
-            r.tree.lock(job.path, -1)
+    def finish(now: float, _: int, i: int) -> None:
+        """Replica i finished its prefill: cache the prompt, and start the next one waiting."""
+        r = fleet[i]
+        changed.add(i)
+        job, r.running = r.running, None
+        tree, done = r.tree, job.request
+        held, stored = tree.store_matched(done.blocks, job.blocks, job.path)    # as start left it
+        _count(r.tally, owners, done.blocks[held:held + stored])
+        tree.lock(job.path, -1)
+        if not r.chained:
             r.send(job, -1)
-            peak[x] = max(peak[x], r.tree.size)
-            r.busy += job.end - job.start
-            q = job.request
-            served[q.index] = Served(q.index, x, q.arrival, job.start, job.end, job.matched,
-                                     q.input_length - job.matched, job.blocks)
-            events.append((now, "end", q.index, x, r.tree.size))
-            depth[x] -= 1
-            if r.waiting:
-                start(r, now)
-            continue
-        q = w.requests[x]
-        if x % 2_000 == 0 and len(w.requests) > 5_000:     # a long replay tells the page how far it is
-            traces.report((ROUTERS.index(router) + x / len(w.requests)) / len(ROUTERS),
-                          f"replaying {len(w.requests):,} requests under {router.name}: request {x:,}")
-        if router.key == "cache_aware":              # its scores, kept for the frames the page shows
+        if tree.size > peak[i]:
+            peak[i] = tree.size
+        r.busy += job.end - job.start
+        served[done.index] = Served(done.index, i, done.arrival, job.start, job.end, job.matched,
+                                    done.input_length - job.matched, job.blocks)
+        record((now, "end", done.index, i, tree.size))
+        depth[i] -= 1
+        if r.waiting:
+            start(r, now)
+
+    for x in arrivals:
+        q = requests[x]
+        arrival = q.arrival
+        while ends and ends[0][0] <= arrival:         # a prefill that ends before (or as) it arrives
+            finish(*heapq.heappop(ends))
+        now = arrival
+        if long_run and x % 2_000 == 0:              # a long replay tells the page how far it is
+            traces.report((ROUTERS.index(router) + x / len(requests)) / len(ROUTERS),
+                          f"replaying {len(requests):,} requests under {router.name}: request {x:,}")
+        if cache_aware:                              # its scores, kept for the frames the page shows
             sc = cache_aware_scores(q, fleet, now, p)
             if x in snapshot_at:
                 scores[x] = tuple(sc)
@@ -547,21 +591,25 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
             estimate = q.input_length - sc[r.index][1]        # the cached tokens it scored
         else:
             r = fleet[router.choose(q, fleet, now, p, x)]
-            estimate = (q.input_length - cached_tokens(r.expected_blocks(q.blocks), q, p.block_size)
-                        if router.reads_load else 0)      # round-robin and sticky never read it
+            estimate = (q.input_length - min(r.expected_blocks(q.blocks) * size, q.input_length)
+                        if reads_load else 0)        # round-robin and sticky never read it
         r.routed += 1
+        r.order.append(x)
         changed.add(r.index)
         job = Job(q, estimate)
         r.waiting.append(job)
-        r.send(job, +1)
+        if not r.chained:
+            r.send(job, +1)
         r.queued += estimate
-        events.append((now, "arrive", x, r.index, r.tree.size))
+        record((now, "arrive", x, r.index, r.tree.size))
         if r.running is None:
             start(r, now)
         depth[r.index] += 1
         queues.append(max(depth))
         if x in snapshot_at:
             snaps[x] = _snapshot(fleet, shown, changed)
+    while ends:                                       # the prefills still running after the last arrival
+        finish(*heapq.heappop(ends))
     return Run(router.key, tuple(served), tuple(events), tuple(f.busy for f in fleet), tuple(queues), snaps,
                tuple(peak), tuple(f.tree.evicted for f in fleet), scores)
 
@@ -608,11 +656,21 @@ def imbalance(busy) -> float:
     return max(busy) / mean if mean else 1.0
 
 
+@functools.lru_cache(maxsize=8)
+def ttfts(p: LoadBalancerParams, router_key: str) -> tuple[tuple, tuple]:
+    """Each request's time to first token under one router's replay, by request index, and the same sorted:
+    the summary, the curves and the formulas all read them."""
+    t = tuple([s.end - s.arrival for s in run(p, router_key).served])     # Served.ttft, without a call each
+    return t, tuple(sorted(t))
+
+
+@functools.lru_cache(maxsize=8)
 def summary(p: LoadBalancerParams, router_key: str) -> dict:
+    """One router's replay in figures (cached: read-only for its callers)."""
     r = run(p, router_key)
     asked = sum(s.matched + s.computed for s in r.served)
     matched = sum(s.matched for s in r.served)
-    ttft = [s.ttft for s in r.served]
+    ttft = ttfts(p, router_key)[0]
     return {"hit_rate": matched / asked, "tokens_matched": matched, "tokens_requested": asked,
             "ttft_p50_s": percentile(ttft, 0.5), "ttft_p99_s": percentile(ttft, 0.99),
             "ttft_mean_s": sum(ttft) / len(ttft), "imbalance": imbalance(r.busy), "busy_s": list(r.busy),
@@ -643,7 +701,7 @@ def evaluate(p: LoadBalancerParams) -> dict:
         s = summary(p, router.key)
         for k in ("hit_rate", "ttft_p50_s", "ttft_p99_s", "imbalance", "evicted_tokens"):
             out[f"{router.key}_{k}"] = s[k]
-        out[f"{router.key}_busy_s"] = s["busy_s"]
+        out[f"{router.key}_busy_s"] = list(s["busy_s"])
     return out
 
 
@@ -815,8 +873,8 @@ def page_data(p: LoadBalancerParams) -> dict:
     sums = {r.key: summary(p, r.key) for r in ROUTERS}
     shown = curve_points(n)
     running = {"request": shown}
-    ecdf, pcts, busy = {"ttft": [], "share": [], "router": [], "color": []}, \
-        {"ttft": [], "share": [], "router": [], "color": [], "label": []}, \
+    ecdf_lines = {}
+    pcts, busy = {"ttft": [], "share": [], "router": [], "color": [], "label": []}, \
         {"router": [], "busy": [], "replica": [], "color": []}
     mean = {"router": [], "mean": [], "max": [], "color": [], "label": []}
     for router in ROUTERS:
@@ -827,13 +885,12 @@ def page_data(p: LoadBalancerParams) -> dict:
             m, a = m + sv.matched, a + sv.matched + sv.computed
             col.append(m / a)
         running[router.key] = [col[i] for i in shown]
-        ttft = sorted(sv.ttft for sv in r.served)
-        for i in curve_points(n):                  # every step of the distribution, or ECDF_POINTS of them
+        ttft = ttfts(p, router.key)[1]
+        line = ecdf_lines[router.key] = {"ttft": [], "share": []}
+        for i in shown:                            # every step of the distribution, or CURVE_POINTS of them
             t = ttft[i]
-            ecdf["ttft"] += [t, t]
-            ecdf["share"] += [i / n, (i + 1) / n]
-            ecdf["router"] += [router.key] * 2
-            ecdf["color"] += [ROUTER_COLORS[router.key]] * 2
+            line["ttft"] += (t, t)
+            line["share"] += (i / n, (i + 1) / n)
         for qq, label in ((0.5, "p50"), (0.99, "p99")):
             pcts["ttft"].append(percentile(ttft, qq))
             pcts["share"].append(qq)
@@ -850,9 +907,6 @@ def page_data(p: LoadBalancerParams) -> dict:
         mean["max"].append(max(r.busy))
         mean["color"].append(ROUTER_COLORS[router.key])
         mean["label"].append(f"imbalance {imbalance(r.busy):.2f}")
-    ecdf_lines = {key: {"ttft": [t for t, k in zip(ecdf["ttft"], ecdf["router"]) if k == key],
-                        "share": [s for s, k in zip(ecdf["share"], ecdf["router"]) if k == key]}
-                  for key in BY_KEY}
     at = frame_data(p, opening_frame(p))
     cap = capacity_tokens(p) // p.block_size * p.block_size
     lanes_src = lanes(p)
@@ -917,10 +971,8 @@ def notes(p: LoadBalancerParams) -> list[str]:
 
 
 def _p99_request(p: LoadBalancerParams, key: str) -> Served:
-    served = run(p, key).served
-    ttft = [s.ttft for s in served]
-    cut = percentile(ttft, 0.99)
-    return min((s for s in served if s.ttft == cut), key=lambda s: s.request)
+    ttft, ordered = ttfts(p, key)
+    return run(p, key).served[ttft.index(percentile(ordered, 0.99))]    # the first request at the p99
 
 
 def formula(p: LoadBalancerParams, sums: dict) -> list[dict]:

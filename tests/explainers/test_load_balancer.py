@@ -158,6 +158,9 @@ def test_synthetic_trace_is_mooncake_shaped_and_chained():
     assert all(ids[:3] == [0, 1, 2] for ids in firsts) and len({ids[3] for ids in firsts}) == len(firsts)
     owners = workload(p).owners
     assert owners[0] == owners[2] == SHARED and owners[firsts[0][3]] != SHARED
+    # the replay takes the synthetic ids as chained without counting: every id always follows the same id
+    for q in (p, P(block_size=100, message=150, answer=0, system_prompt=7), P(block_size=4_096, sessions=3, turns=9)):
+        assert workload(q).chained and traces.chained(workload(q).requests)
 
 
 def test_shipped_sample_is_the_synthetic_trace_without_sessions():
