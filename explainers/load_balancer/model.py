@@ -278,6 +278,7 @@ class Replica:
     queued: int = 0             # tokens of prefill waiting (the routers' estimates)
     promised: dict = dataclasses.field(default_factory=dict)   # not chained: block id -> prompts sent here that hold it
     tally: dict = dataclasses.field(default_factory=dict)   # owner (session or SHARED) -> blocks cached, if any
+    stores: int = 0             # prefills cached here so far: the tally changes only then (and on eviction, within)
 
     def send(self, job: "Job", sign: int) -> None:
         """Count a routed prompt's blocks as on their way into this cache (sign +1), or done (−1). Only where
@@ -414,7 +415,13 @@ class CacheAware(Router):
 
     def choose(self, req, fleet, now, p, count, scores=None):
         scores = scores or cache_aware_scores(req, fleet, now, p)
-        return max(fleet, key=lambda r: (scores[r.index][0], -scores[r.index][2], -r.routed, -r.index)).index
+        best, key = 0, None          # max over (score, −queued, −routed, −index), without a key call per replica
+        for r in fleet:
+            score, _, queued = scores[r.index]
+            k = (score, -queued, -r.routed, -r.index)
+            if key is None or k > key:
+                best, key = r.index, k
+        return best
 
 
 ROUTERS: tuple[Router, ...] = (RoundRobin(), LeastLoaded(), Sticky(), CacheAware())
@@ -453,6 +460,7 @@ class Snapshot(typing.NamedTuple):
     started: int        # ... of which the first `started` had started when it was taken
     routed: int         # ... and the first `routed` had arrived
     size: int           # blocks cached
+    stores: int         # prefills the replica had cached (the tally is shared with the last snapshot's if equal)
 
     @property
     def waiting(self) -> tuple:
@@ -487,9 +495,11 @@ def _snapshot(fleet: list[Replica], shown: list, changed: set) -> tuple:
     """Every replica as it is now: a new Snapshot for those changed since the last one (`changed`, emptied
     here), the same object for the rest (most replicas do not change between two arrivals)."""
     for i in changed:
-        r = fleet[i]
-        shown[i] = Snapshot(dict(r.tally), (r.running.request.index,) if r.running else (), r.order, r.started,
-                            r.routed, r.tree.size)
+        r, last = fleet[i], shown[i]
+        # the last snapshot's copy of the tally, while nothing was cached here since (an arrival or a start)
+        tally = last.tally if last is not None and last.stores == r.stores else dict(r.tally)
+        shown[i] = Snapshot(tally, (r.running.request.index,) if r.running else (), r.order, r.started,
+                            r.routed, r.tree.size, r.stores)
     changed.clear()
     return tuple(shown)
 
@@ -561,6 +571,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
         tree, done = r.tree, job.request
         held, stored = tree.store_matched(done.blocks, job.blocks, job.path)    # as start left it
         _count(r.tally, owners, done.blocks[held:held + stored])
+        r.stores += 1
         tree.lock(job.path, -1)
         if not r.chained:
             r.send(job, -1)
@@ -885,12 +896,12 @@ def page_data(p: LoadBalancerParams) -> dict:
             m, a = m + sv.matched, a + sv.matched + sv.computed
             col.append(m / a)
         running[router.key] = [col[i] for i in shown]
+        # The distribution as a staircase (the page draws it with Bokeh's step glyph, horizontal after each point):
+        # from 0 up to the first share at the shortest time, then the share of requests at or below each time
+        # shown (every request's, or CURVE_POINTS of them), one point per step instead of a line's two.
         ttft = ttfts(p, router.key)[1]
-        line = ecdf_lines[router.key] = {"ttft": [], "share": []}
-        for i in shown:                            # every step of the distribution, or CURVE_POINTS of them
-            t = ttft[i]
-            line["ttft"] += (t, t)
-            line["share"] += (i / n, (i + 1) / n)
+        ecdf_lines[router.key] = {"ttft": [ttft[0]] + [ttft[i] for i in shown],
+                                  "share": [0.0] + [(i + 1) / n for i in shown]}
         for qq, label in ((0.5, "p50"), (0.99, "p99")):
             pcts["ttft"].append(percentile(ttft, qq))
             pcts["share"].append(qq)

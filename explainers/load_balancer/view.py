@@ -67,8 +67,8 @@ def layout(params_cls, values: dict, data: dict):
                   title="Time to first token (dots: p50 and p99)",
                   x_axis_label="seconds", y_axis_label="share of requests")
     for router in ROUTERS:
-        ttft.line("ttft", "share", source=src[f"ecdf_{router.key}"], line_width=3, color=ROUTER_COLORS[router.key],
-                  legend_label=router.name)
+        ttft.step("ttft", "share", source=src[f"ecdf_{router.key}"], mode="after", line_width=3,
+                  color=ROUTER_COLORS[router.key], legend_label=router.name)
     dots = ttft.scatter("ttft", "share", source=src["percentiles"], color="color", size=11, line_color="white")
     ttft.add_tools(HoverTool(renderers=[dots], tooltips=[("", "@router"), ("", "@label")]))
     ttft.yaxis.formatter = NumeralTickFormatter(format="0%")
