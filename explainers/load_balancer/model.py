@@ -846,14 +846,24 @@ def opening_frame(p: LoadBalancerParams) -> int:
     return max(range(len(stops)), key=lambda f: (queues[stops[f]], -f))
 
 
+HEADS_Y = 1.55          # the lanes plot's column heads, above the first router's name (at 0.75)
+
+
+def lanes_key(p: LoadBalancerParams) -> str:
+    cap = capacity_tokens(p) // p.block_size * p.block_size
+    return (f"Each bar is a replica's prefix cache, {thousands(cap)} tokens long, coloured by the session whose "
+            f"blocks it holds (grey: blocks several sessions share, such as the system prompt). The boxes to its "
+            f"right are its queue, one a request, first to last (outlined: the one being prefilled).")
+
+
 def lanes(p: LoadBalancerParams) -> dict:
     """The fixed parts of the lanes plot: labels, capacity outlines, router names."""
     cap = capacity_tokens(p) // p.block_size * p.block_size
     out = {"x0": [], "x1": [], "y": [], "label": [], "lx": []}
     names = {"x": [], "y": [], "text": [], "color": []}
-    headers = {"x": [0, cap * 1.04], "y": [0.75, 0.75],
-               "text": [f"prefix cache: {thousands(cap)} tokens per replica, by session (grey: shared)",
-                        "queue (outlined: prefilling now)"]}
+    # Short column heads, a row above the first router's name (on a phone the long ones ran into it and into
+    # each other); what the colours and outlines mean is said under the plot (lanes_key), where it can wrap.
+    headers = {"x": [0, cap * 1.04], "y": [HEADS_Y, HEADS_Y], "text": ["prefix cache", "queue"]}
     for g, router in enumerate(ROUTERS):
         names["x"].append(-0.29 * cap)
         names["y"].append(lane_y(p, g, 0) + 0.75)
@@ -921,7 +931,7 @@ def page_data(p: LoadBalancerParams) -> dict:
     at = frame_data(p, opening_frame(p))
     cap = capacity_tokens(p) // p.block_size * p.block_size
     lanes_src = lanes(p)
-    top = 1.3
+    top = HEADS_Y + 0.5
     bottom = lane_y(p, len(ROUTERS) - 1, p.replicas - 1) - 0.8
     longest = max(max(sums[k]["ttft_p99_s"] for k in BY_KEY), 1e-9)
     sources = {**at["sources"], **lanes_src, "running": running, "percentiles": pcts,
@@ -936,7 +946,7 @@ def page_data(p: LoadBalancerParams) -> dict:
         "formula": formula(p, sums),
         "readouts": readouts(p, sums),
         "notes": notes(p),
-        "texts": {**at["texts"], **plot_summaries(sources), "trace": trace_note(p)},
+        "texts": {**at["texts"], **plot_summaries(sources), "trace": trace_note(p), "lanes_key": lanes_key(p)},
     }
 
 

@@ -97,5 +97,5 @@ def layout(params_cls, values: dict, data: dict):
     upload = widgets.upload("trace", "Replay your own trace: a Mooncake-format JSONL file (one request per line; "
                                      f"{traces.BROWSER_NOTE}).", accept=".jsonl,.json,.txt")
     return column(widgets.controls(params_cls, values, per_row=5), upload, widgets.text("trace"),
-                  widgets.animation_controls(data["animation"]["frames"]), lanes,
+                  widgets.animation_controls(data["animation"]["frames"]), lanes, widgets.text("lanes_key"),
                   widgets.plots_row(running, ttft, busy), sizing_mode="stretch_width")
