@@ -278,7 +278,6 @@ class Replica:
     queued: int = 0             # tokens of prefill waiting (the routers' estimates)
     promised: dict = dataclasses.field(default_factory=dict)   # not chained: block id -> prompts sent here that hold it
     tally: dict = dataclasses.field(default_factory=dict)   # owner (session or SHARED) -> blocks cached, if any
-    stores: int = 0             # prefills cached here so far: the tally changes only then (and on eviction, within)
 
     def send(self, job: "Job", sign: int) -> None:
         """Count a routed prompt's blocks as on their way into this cache (sign +1), or done (−1). Only where
@@ -399,9 +398,9 @@ class Sticky(Router):
 
 def cache_aware_scores(req: Request, fleet: list[Replica], now: float, p: LoadBalancerParams) -> list[tuple]:
     """(score, cached tokens, queued tokens) per replica: score = cached − load_weight × queued."""
-    out, blocks, prompt, size, weight = [], req.blocks, req.input_length, p.block_size, p.load_weight
+    out, weight = [], p.load_weight
     for r in fleet:
-        cached = min(r.expected_blocks(blocks) * size, prompt)      # cached_tokens, inline: it runs per replica
+        cached = cached_tokens(r.expected_blocks(req.blocks), req, p.block_size)
         queued = r.load(now)
         out.append((cached - weight * queued, cached, queued))
     return out
@@ -415,13 +414,7 @@ class CacheAware(Router):
 
     def choose(self, req, fleet, now, p, count, scores=None):
         scores = scores or cache_aware_scores(req, fleet, now, p)
-        best, key = 0, None          # max over (score, −queued, −routed, −index), without a key call per replica
-        for r in fleet:
-            score, _, queued = scores[r.index]
-            k = (score, -queued, -r.routed, -r.index)
-            if key is None or k > key:
-                best, key = r.index, k
-        return best
+        return max(fleet, key=lambda r: (scores[r.index][0], -scores[r.index][2], -r.routed, -r.index)).index
 
 
 ROUTERS: tuple[Router, ...] = (RoundRobin(), LeastLoaded(), Sticky(), CacheAware())
@@ -460,7 +453,6 @@ class Snapshot(typing.NamedTuple):
     started: int        # ... of which the first `started` had started when it was taken
     routed: int         # ... and the first `routed` had arrived
     size: int           # blocks cached
-    stores: int         # prefills the replica had cached (the tally is shared with the last snapshot's if equal)
 
     @property
     def waiting(self) -> tuple:
@@ -495,11 +487,9 @@ def _snapshot(fleet: list[Replica], shown: list, changed: set) -> tuple:
     """Every replica as it is now: a new Snapshot for those changed since the last one (`changed`, emptied
     here), the same object for the rest (most replicas do not change between two arrivals)."""
     for i in changed:
-        r, last = fleet[i], shown[i]
-        # the last snapshot's copy of the tally, while nothing was cached here since (an arrival or a start)
-        tally = last.tally if last is not None and last.stores == r.stores else dict(r.tally)
-        shown[i] = Snapshot(tally, (r.running.request.index,) if r.running else (), r.order, r.started,
-                            r.routed, r.tree.size, r.stores)
+        r = fleet[i]
+        shown[i] = Snapshot(dict(r.tally), (r.running.request.index,) if r.running else (), r.order, r.started,
+                            r.routed, r.tree.size)
     changed.clear()
     return tuple(shown)
 
@@ -552,7 +542,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
         q, tree = job.request, r.tree
         job.blocks, job.path = tree.match(q.blocks)
         tree.lock(job.path, +1)
-        job.matched = matched = min(job.blocks * size, q.input_length)     # cached_tokens, inline
+        job.matched = matched = cached_tokens(job.blocks, q, size)
         job.start = now
         new = q.input_length - matched
         seconds = prefill_time.get((new, matched))
@@ -571,10 +561,8 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
         tree, done = r.tree, job.request
         held, stored = tree.store_matched(done.blocks, job.blocks, job.path)    # as start left it
         _count(r.tally, owners, done.blocks[held:held + stored])
-        r.stores += 1
         tree.lock(job.path, -1)
-        if not r.chained:
-            r.send(job, -1)
+        r.send(job, -1)
         if tree.size > peak[i]:
             peak[i] = tree.size
         r.busy += job.end - job.start
@@ -602,15 +590,14 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
             estimate = q.input_length - sc[r.index][1]        # the cached tokens it scored
         else:
             r = fleet[router.choose(q, fleet, now, p, x)]
-            estimate = (q.input_length - min(r.expected_blocks(q.blocks) * size, q.input_length)
+            estimate = (q.input_length - cached_tokens(r.expected_blocks(q.blocks), q, size)
                         if reads_load else 0)        # round-robin and sticky never read it
         r.routed += 1
         r.order.append(x)
         changed.add(r.index)
         job = Job(q, estimate)
         r.waiting.append(job)
-        if not r.chained:
-            r.send(job, +1)
+        r.send(job, +1)
         r.queued += estimate
         record((now, "arrive", x, r.index, r.tree.size))
         if r.running is None:
