@@ -135,6 +135,12 @@ def capacity_tokens(p: LoadBalancerParams) -> int:
     return p.capacity if p.capacity is not None else hardware(p)["token_capacity"]
 
 
+def whole_block_tokens(p: LoadBalancerParams) -> int:
+    """The prefix cache per replica in whole blocks, as tokens: what it can hold of prompts (the tree stores
+    blocks), and the length the page draws each replica's cache."""
+    return capacity_tokens(p) // p.block_size * p.block_size
+
+
 def prefill_seconds(p: LoadBalancerParams, new: int, cached: int) -> float:
     """Prefill of `new` tokens after `cached` ones: the flat override, or the shared time model (linear FLOPs
     of the active parameters + causal attention to the cached prefix and the new tokens) at the given MFU."""
@@ -681,7 +687,7 @@ def out_total(w: Workload) -> int:
 
 def over_cache(p: LoadBalancerParams) -> int:
     """Requests whose prompt is longer than a replica's whole cache: they cannot be cached whole."""
-    cap = capacity_tokens(p) // p.block_size * p.block_size
+    cap = whole_block_tokens(p)
     return sum(q.input_length > cap for q in workload(p).requests)
 
 
@@ -726,7 +732,7 @@ def frame_data(p: LoadBalancerParams, frame: int) -> dict:
     f = max(0, min(len(stops) - 1, frame))
     k = stops[f]
     q = w.requests[k]
-    cap = capacity_tokens(p) // p.block_size * p.block_size
+    cap = whole_block_tokens(p)
     box, gap = 0.05 * cap, 0.012 * cap
     cache = {c: [] for c in ("x0", "x1", "y", "color", "owner", "tokens")}
     queue = {c: [] for c in ("x0", "x1", "y", "color", "line", "request", "state")}
@@ -837,7 +843,7 @@ HEADS_Y = 1.55          # the lanes plot's column heads, above the first router'
 
 
 def lanes_key(p: LoadBalancerParams) -> str:
-    cap = capacity_tokens(p) // p.block_size * p.block_size
+    cap = whole_block_tokens(p)
     return (f"Each bar is a replica's prefix cache, {thousands(cap)} tokens long, coloured by the session whose "
             f"blocks it holds (grey: blocks several sessions share, such as the system prompt). The boxes to its "
             f"right are its queue, one a request, first to last (outlined: the one being prefilled).")
@@ -845,7 +851,7 @@ def lanes_key(p: LoadBalancerParams) -> str:
 
 def lanes(p: LoadBalancerParams) -> dict:
     """The fixed parts of the lanes plot: labels, capacity outlines, router names."""
-    cap = capacity_tokens(p) // p.block_size * p.block_size
+    cap = whole_block_tokens(p)
     out = {"x0": [], "x1": [], "y": [], "label": [], "lx": []}
     names = {"x": [], "y": [], "text": [], "color": []}
     # Short column heads, a row above the first router's name (on a phone the long ones ran into it and into
@@ -916,7 +922,7 @@ def page_data(p: LoadBalancerParams) -> dict:
         mean["color"].append(ROUTER_COLORS[router.key])
         mean["label"].append(f"imbalance {imbalance(r.busy):.2f}")
     at = frame_data(p, opening_frame(p))
-    cap = capacity_tokens(p) // p.block_size * p.block_size
+    cap = whole_block_tokens(p)
     lanes_src = lanes(p)
     top = HEADS_Y + 0.5
     bottom = lane_y(p, len(ROUTERS) - 1, p.replicas - 1) - 0.8
@@ -968,7 +974,7 @@ def capacity_line(p: LoadBalancerParams) -> dict:
 def notes(p: LoadBalancerParams) -> list[str]:
     """What the reader must know to read the results: prompts that do not fit, and the reference hit rate."""
     w, out = workload(p), []
-    big, cap = over_cache(p), capacity_tokens(p) // p.block_size * p.block_size
+    big, cap = over_cache(p), whole_block_tokens(p)
     if big:
         longest = max(q.input_length for q in w.requests)
         out.append(f"{big:,} of {len(w.requests):,} prompts (the longest {thousands(longest)} tokens) are longer "
