@@ -39,6 +39,16 @@ def wait_applied(page, before: int, timeout_ms: int = 60_000) -> None:
     page.wait_for_function(f"Number(document.documentElement.dataset.kvxApplied || 0) > {before}", timeout=timeout_ms)
 
 
+def wait_url(page, *parts: str, timeout_ms: int = 10_000) -> str:
+    """The address follows a change once the change is drawn (kvx-page.js, urlSoon): wait until its query has
+    every `name=value` part (exactly: step=1 is not step=10), and return it."""
+    page.wait_for_function("""parts => { const q = new URLSearchParams(location.search);
+                                         return parts.every((p) => { const [k, v] = p.split('=');
+                                                                     return q.get(k) === v; }); }""",
+                           arg=list(parts), timeout=timeout_ms)
+    return page.url
+
+
 def expected(slug: str, **values) -> dict:
     e = REGISTRY[slug]
     return json.loads(json.dumps(e.page_data(e.params.from_mapping(values))))

@@ -9,7 +9,7 @@ import pytest
 
 from kvx.explainers.registry import REGISTRY
 
-from .pagehooks import applied, assert_sources_equal, expected, set_control, source_data, wait_applied
+from .pagehooks import applied, assert_sources_equal, expected, set_control, source_data, wait_applied, wait_url
 
 READY_MS = 90_000     # cold Pyodide start on a busy 2-core machine; typically 3-8 s
 
@@ -54,7 +54,7 @@ def test_cache_renting_draws_baked_plot_then_goes_live(offline_page, site_url, s
     assert_sources_equal(page, want)
     assert want["sources"]["point"]["sessions"] == [10]
     assert "128,000" in page.locator("#kvx-formula").inner_text()
-    assert "context=128000" in page.url
+    wait_url(page, "context=128000")
     screenshot(page, "cache-renting-128k")
 
 
@@ -95,12 +95,12 @@ def test_cache_renting_url_state_animation_and_keyboard(offline_page, site_url):
     page.keyboard.press("ArrowRight")
     assert page.evaluate("document.documentElement.dataset.kvxFrame") == "2"
     assert source_data(page, "memory")["kind"] == ["weights", "reserve", "session", "session"]
-    assert "step=2" in page.url and "context=128000" in page.url
+    wait_url(page, "step=2", "context=128000")
     page.keyboard.press(" ")
     page.wait_for_function(f"document.documentElement.dataset.kvxFrame === '{frames - 1}'", timeout=20_000)
     assert source_data(page, "memory")["kind"][-1] == "rejected"
     assert "the node is full at 10 sessions" in page.evaluate("kvx.text('caption')")
-    assert f"step={frames - 1}" in page.url      # the frame is always in the address, the last one too
+    wait_url(page, f"step={frames - 1}")      # the frame is always in the address, the last one too
 
 
 def test_cache_renting_try_this_link_applies_in_place(offline_page, site_url):
@@ -153,8 +153,7 @@ def test_explainer_goes_live_and_matches_cpython(offline_page, site_url, screens
         set_control(page, name, value)
         wait_applied(page, before)
     assert_sources_equal(page, expected(slug, **CHANGES[slug]))
-    for name, value in CHANGES[slug].items():
-        assert f"{name}={value}" in page.url
+    wait_url(page, *(f"{name}={value}" for name, value in CHANGES[slug].items()))
     assert page.locator("#kvx-formula .kvx-formula-line").count() >= 3
     screenshot(page, f"{slug}-changed")
 
@@ -179,7 +178,7 @@ def test_paging_steps_on_demand_frames_that_equal_cpython(offline_page, site_url
                        for k, v in want["sources"][key].items()}, key
     text = page.evaluate("kvx.text('block_table')")
     assert text == want["texts"]["block_table"]
-    assert "step=3" in page.url
+    wait_url(page, "step=3")
 
 
 def test_quantization_runs_the_real_kernel_on_the_server(offline_page, site_url):
@@ -222,7 +221,7 @@ def test_mla_steps_frames_that_equal_cpython(offline_page, site_url):
                        for k, v in want["sources"][key].items()}, key
     text = page.evaluate("kvx.text('step_costs')")
     assert text == want["texts"]["step_costs"] and "[128 × 512]" in text
-    assert "step=9" in page.url
+    wait_url(page, "step=9")
 
 
 def test_load_balancer_replays_an_uploaded_trace(offline_page, site_url, screenshot, tmp_path):
@@ -250,7 +249,7 @@ def test_load_balancer_replays_an_uploaded_trace(offline_page, site_url, screens
     assert_sources_equal(page, want(replicas=3))
     note = page.evaluate("kvx.text('trace')")
     assert note.startswith("Replaying the uploaded trace: 36 requests")
-    assert "replicas=3" in page.url and "trace" not in page.url
+    assert "trace" not in wait_url(page, "replicas=3")
 
     before = applied(page)
     set_control(page, "load_weight", "0")

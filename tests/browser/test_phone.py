@@ -19,6 +19,7 @@ from kvx.site import widgets
 from kvx.site.vendor import axe_core_js
 
 from .conftest import SHOTS
+from .pagehooks import wait_url
 
 READY_MS = 90_000
 SIZES = {
@@ -231,6 +232,7 @@ def test_page_fits_is_reachable_accessible_and_linkable(open_page, site_url, siz
         box.fill(a_new_value(spec))
         box.press("Enter")
         page.wait_for_function(f"{answered} > {before}", timeout=60_000)
+        wait_url(page, f"{spec['name']}={a_new_value(spec)}")          # written once the change is drawn
         assert query(page)[spec["name"]] == a_new_value(spec)
 
     violations = axe_violations(page)
@@ -239,8 +241,8 @@ def test_page_fits_is_reachable_accessible_and_linkable(open_page, site_url, siz
     # The view's URL opens the same view, frame included.
     if animated:
         page.get_by_role("button", name="◀ Step").click()
-        page.wait_for_function("'step' in Object.fromEntries(new URLSearchParams(location.search))")
         k = frame(page)
+        wait_url(page, f"step={k}")
         assert query(page)["step"] == str(k)
         link = page.url
         again = open_page(size, link)

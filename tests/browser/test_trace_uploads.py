@@ -38,7 +38,7 @@ def test_agent_sessions_replays_an_uploaded_trace(offline_page, site_url, screen
     wait_applied(page, before)
     assert_sources_equal(page, want(offload="host-dram"))
     assert page.evaluate("kvx.text('trace')").startswith("Workload: your trace, 400 requests")
-    assert "offload=host-dram" in page.url and "trace" not in page.url
+    assert "trace" not in pagehooks.wait_url(page, "offload=host-dram")
     screenshot(page, "agent-sessions-uploaded")
 
     before = applied(page)
