@@ -253,8 +253,11 @@ def _strict_json(reply: dict) -> str:
 # ready the worker evaluates the page at other values (real work: a cached answer compiles nothing) while
 # the reader is still reading, stopping as soon as a real change comes or its time is up (kvx-worker.mjs).
 # Six were too few: on cache-renting, with a 4 s pause after ready, Python's time per change went from 38 ms
-# on the first to about 2 ms by the twentieth; after forty warm-up runs the first took 2.8 ms.
-WARM_UP_RUNS = 40
+# on the first to about 2 ms by the twentieth; after forty warm-up runs the first took 2.8 ms. Forty still left
+# one change in ten slow: on cross-model, prompt-caching, disaggregation and cross-layer, Python's p95 over 40
+# changes was 6-14 ms against a median of 2-5 (each change runs functions the engine has not optimised yet;
+# with its optimising compiler forced on for everything, 3-4 ms). After 200 warm-up runs it was 3-8 ms.
+WARM_UP_RUNS = 200
 
 
 def warm_up_values(slug: str) -> list[dict]:
@@ -269,7 +272,7 @@ def warm_up_values(slug: str) -> list[dict]:
     for s in sorted(specs, key=lambda s: s["kind"] != "integer"):      # integers first, then numbers
         if s["kind"] not in ("integer", "number") or not s["default"]:
             continue
-        step = 1 if s["kind"] == "integer" else s["default"] / 100
+        step = 1 if s["kind"] == "integer" else s["default"] / (2 * WARM_UP_RUNS)     # down to half the default
         changes = [{s["name"]: str(round(s["default"] - i * step, 6))} for i in range(1, WARM_UP_RUNS + 1)]
         if all(_valid(explainer, c) for c in changes):             # validation only: no evaluation
             return changes

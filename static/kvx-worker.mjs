@@ -13,8 +13,8 @@ let starting = null;
 let current = null;          // the id of the request Python is working on
 let asked = false;           // a real request has come: the warm-up stops
 // The warm-up's budget after ready (registry.WARM_UP_RUNS: why). A real change stops it, waiting for one
-// evaluation at most; the arithmetic pages finish all forty runs well within it.
-const WARM_UP_MS = 2000;
+// evaluation at most; the arithmetic pages finish all 200 runs within about a second.
+const WARM_UP_MS = 6000;
 // A long replay (a big uploaded trace) reports how far it is; the page shows it while Python works.
 self.kvxProgress = (share, text) => self.postMessage({ type: "progress", id: current, share, text });
 
