@@ -11,6 +11,7 @@ Standard library only: this module runs in the browser.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import textwrap
 import unicodedata
@@ -484,8 +485,17 @@ def _n_room(bx: Box) -> float:
 def narrow_boxes(s: MLAShape, context: int) -> tuple[list[Box], list[dict], float]:
     """The boxes placed in rows for a phone (x right, y = top edge going down, in px), the bands' headings
     ({x, y, text}, top-aligned, wrapped) and the lowest y drawn. Rows are packed from the longest context's
-    shapes, so the picture does not move when the context changes."""
+    shapes, so the picture does not move when the context changes: only the boxes' shapes (S) do."""
+    placed, bands, low = _narrow_layout(s)
     wide = {b.key: b for b in boxes(s, context)}
+    return [dataclasses.replace(wide[b.key], x=b.x, y=b.y) for b in placed], [dict(b) for b in bands], low
+
+
+@functools.lru_cache(maxsize=16)
+def _narrow_layout(s: MLAShape) -> tuple[tuple[Box, ...], tuple[dict, ...], float]:
+    """narrow_boxes' rows for this shape, at any context (the page asks for them on every change: half of
+    its Python before they were kept)."""
+    wide = {b.key: b for b in boxes(s, 1)}
     room = {b.key: _n_room(b) for b in boxes(s, 1_000_000)}
     out, bands, y = [], [], 0.0
     for band, rows in N_ROWS:
@@ -506,17 +516,17 @@ def narrow_boxes(s: MLAShape, context: int) -> tuple[list[Box], list[dict], floa
                     out.append(dataclasses.replace(r, x=x + _nw(bx.cols) + 1, y=top))
                 x += room[key] + 16
             y = low - N_GAP
-    return out, bands, y + N_GAP
+    return tuple(out), tuple(bands), y + N_GAP
 
 
 def narrow_bands(s: MLAShape) -> dict:
-    _, bands, _ = narrow_boxes(s, 1)
+    _, bands, _ = _narrow_layout(s)
     return {c: [b[c] for b in bands] for c in ("x", "y", "text")}
 
 
 def narrow_y_range(s: MLAShape) -> list[float]:
     """The narrow diagram's y range: its height in px, as the view sizes the plot."""
-    return [narrow_boxes(s, 1)[2] - 6, 4.0]
+    return [_narrow_layout(s)[2] - 6, 4.0]
 
 
 def narrow_sources(s: MLAShape, context: int, k: int, final: bool) -> dict:
@@ -558,8 +568,9 @@ def frame_data(p: MLAParams, frame: int) -> dict:
     st = all_steps(p)
     k = max(0, min(len(st) - 1, int(frame)))
     final = k == len(st) - 1
-    placed = {bx.key: (bx.x, bx.y, _w(bx.cols), _h(bx.rows), bx.step) for bx in boxes(s, p.context)}
-    cols = _box_columns([(bx, _w(bx.cols), _h(bx.rows)) for bx in boxes(s, p.context)], k, final, 1.5)
+    wide = boxes(s, p.context)
+    placed = {bx.key: (bx.x, bx.y, _w(bx.cols), _h(bx.rows), bx.step) for bx in wide}
+    cols = _box_columns([(bx, _w(bx.cols), _h(bx.rows)) for bx in wide], k, final, 1.5)
     arrows = {"x0": [], "y0": [], "x1": [], "y1": [], "alpha": []}
     for a, b in ARROWS:
         ax, ay, aw, ah, _ = placed[a]
