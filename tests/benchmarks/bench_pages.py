@@ -6,7 +6,8 @@ For each explainer page, in a fresh persistent browser profile (a disk cache, as
 time to first plot; time to Python-ready, cold; the first control change (1 s after ready, as a reader's
 comes) against the median of the rest (the warm-up should make them equal; values the model refuses are
 skipped, and pages whose values repeat hit the model's caches in "the rest"); the round trip of a control change (median and
-p95); a reload ("warm"); then another page in the same profile ("second page"), with the bytes each load
+p95; by default each change comes once the previous one is drawn, `--pace back-to-back` sends it as soon as the
+previous reply is applied); a reload ("warm"); then another page in the same profile ("second page"), with the bytes each load
 took on the wire (counted at the server: the page's and its worker's requests, compressed as sent;
 cache hits count 0). The baseline is a bare page whose module worker only loads Pyodide core, served with
 the same cache and compression rules, loaded cold in its own fresh profile right before each page (the
@@ -115,8 +116,16 @@ def values_to_try(slug: str, changes: int) -> tuple[str, list[str]]:
     return spec["name"], [ring[i % len(ring)] for i in range(changes)]
 
 
-def round_trips(page, slug: str, changes: int) -> tuple[list[float], list[float]]:
-    """Each change's round trip, ms, and Python's share of it (the model's time in the worker, as it reports)."""
+# The frame after the one that drew a change has begun: the change is on screen and the page is idle again.
+DRAWN = "new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)))"
+
+
+def round_trips(page, slug: str, changes: int, pace: str = "settled") -> tuple[list[float], list[float]]:
+    """Each change's round trip, ms, and Python's share of it (the model's time in the worker, as it reports).
+
+    "settled": each change comes once the previous one is on screen, as a reader's next typed value does.
+    "back-to-back": each change comes as soon as the previous reply is applied, while the page is still drawing
+    it (30-100 ms of painting on two cores), so the two compete: a measure of throughput more than latency."""
     name, values = values_to_try(slug, changes)
     page.evaluate("window.kvx.timings.length = 0")
     python = []
@@ -125,6 +134,8 @@ def round_trips(page, slug: str, changes: int) -> tuple[list[float], list[float]
         page.evaluate(f"Bokeh.documents[0].get_model_by_name('param:{name}').value = '{value}'")
         page.wait_for_function(f"Number(document.documentElement.dataset.kvxApplied || 0) > {before}")
         python.append(page.evaluate("window.kvx.state.pythonMs"))
+        if pace == "settled":
+            page.evaluate(DRAWN)
     return page.evaluate("Array.from(window.kvx.timings)"), python
 
 
@@ -169,7 +180,7 @@ def launch(p, profile: Path):
                                                 headless=True)
 
 
-def measure(p, base: str, slug: str, other: str, changes: int, profile: Path, wire: Wire) -> dict:
+def measure(p, base: str, slug: str, other: str, changes: int, profile: Path, wire: Wire, pace: str) -> dict:
     ctx = launch(p, profile)
     page = ctx.pages[0] if ctx.pages else ctx.new_page()
     wire.take()
@@ -177,7 +188,7 @@ def measure(p, base: str, slug: str, other: str, changes: int, profile: Path, wi
     cold_bytes = wire.take()
     # A reader's first change comes after reading for a moment: 1 s after ready, not within milliseconds.
     page.wait_for_timeout(1000)
-    trips, python = round_trips(page, slug, changes)
+    trips, python = round_trips(page, slug, changes, pace)
     frames = frame_trips(page, 30)
     wire.take()
     warm = ready_ms(page, f"{base}/{slug}.html")
@@ -200,6 +211,8 @@ def main() -> int:
     ap.add_argument("--changes", type=int, default=40)
     ap.add_argument("--pages", default="", help="comma-separated slugs (default: every page)")
     ap.add_argument("--out", default="test-results/bench")
+    ap.add_argument("--pace", choices=("settled", "back-to-back"), default="settled",
+                    help="when the next change comes: once the last is drawn (a reader), or as soon as it is applied")
     a = ap.parse_args()
     slugs = [s for s in a.pages.split(",") if s] or list(REGISTRY)
     with tempfile.TemporaryDirectory() as tmp:
@@ -209,7 +222,7 @@ def main() -> int:
         (site / "bench-baseline.html").write_text(BASELINE_HTML)
         (site / "bench-baseline-worker.mjs").write_text(BASELINE_WORKER.replace("PYODIDE", pyodide))
         server, base, wire = serve(site)
-        report = {"pages": {}, "subset": slugs != list(REGISTRY)}
+        report = {"pages": {}, "subset": slugs != list(REGISTRY), "pace": a.pace}
         with sync_playwright() as p:
             def bare(name: str) -> int:
                 ctx = launch(p, Path(tmp) / f"profile-baseline-{name}")
@@ -223,7 +236,7 @@ def main() -> int:
                 # A cold bare boot right before each page (a fresh profile too): this machine's load drifts.
                 baselines.append(bare(slug))
                 other = slugs[(i + 1) % len(slugs)] if len(slugs) > 1 else next(s for s in REGISTRY if s != slug)
-                r = measure(p, base, slug, other, a.changes, Path(tmp) / f"profile-{slug}", wire)
+                r = measure(p, base, slug, other, a.changes, Path(tmp) / f"profile-{slug}", wire, a.pace)
                 r["baseline_py_ready_ms"] = baselines[-1]
                 r["cold_ready_over_baseline"] = round(r["cold"]["py_ready_ms"] / baselines[-1], 2)
                 r["first_load_bytes_uncompressed"] = first_load_bytes(site, slug)
