@@ -514,20 +514,26 @@ async function runHere() {
 // ---- start ---------------------------------------------------------------------------------------
 function startWorker() {
   state.started = true;
-  worker = new Worker(new URL(cfg.worker, location.href), { type: "module" });
-  const t0 = performance.now();
+  // The page's head started the first worker before BokehJS loaded (explainer.html) and kept what it said
+  // meanwhile; a replacement for one that died is started here.
+  const early = window.kvxEarly;
+  window.kvxEarly = null;
+  worker = early ? early.worker : new Worker(new URL(cfg.worker, location.href), { type: "module" });
+  const t0 = early ? early.t0 : performance.now();
   worker.onmessage = (event) => {
     const msg = event.data;
     if (msg.type === "ready") {
       state.ready = true;
-      html.dataset.pyReadyMs = String(Math.round(performance.now()));   // since navigation start
       html.dataset.kvxBoot = msg.from;                                    // "snapshot" or "boot" (tests, bench)
-      // The attribute says "every control is live", which also needs the drawn page (Python may win the race).
-      drawn.then(() => html.setAttribute("data-py-ready", ""));
+      // The attribute says "every control is live", which also needs the drawn page (Python often wins the race).
+      drawn.then(() => {
+        html.dataset.pyReadyMs = String(Math.round(performance.now()));   // since navigation start
+        html.setAttribute("data-py-ready", "");
+      });
       state.readyText = `Python is ready (${((performance.now() - t0) / 1000).toFixed(1)} s): every control is live.`;
       setStatus(state.readyText, "ready");
       if (state.queued) { state.queued = false; request(); }
-      else if (state.queuedFrame === null) warmUp();
+      else if (state.queuedFrame === null) drawn.then(warmUp);           // its reply redraws the plots
       if (state.queuedFrame !== null) { const k = state.queuedFrame; state.queuedFrame = null; requestFrame(k); }
     } else if (msg.type === "failed") {
       setStatus(`Python could not start (${msg.message}); the plots keep the precomputed values.`, "failed");
@@ -546,9 +552,14 @@ function startWorker() {
     event.preventDefault();
     workerDied(event.message || "an error in the worker");
   };
-  worker.postMessage({ type: "init", wheel: new URL(cfg.wheel, location.href).href,
-                       pyodide: new URL(cfg.pyodide, location.href).href,
-                       snapshot: cfg.snapshot && new URL(cfg.snapshot, location.href).href });
+  if (early) {
+    for (const event of early.early) (event.type === "error" ? worker.onerror : worker.onmessage)(event);
+  } else {
+    worker.postMessage({ type: "init", wheel: new URL(cfg.wheel, location.href).href,
+                         pyodide: new URL(cfg.pyodide, location.href).href,
+                         snapshot: cfg.snapshot && new URL(cfg.snapshot, location.href).href });
+  }
+  if (state.plotted) worker.postMessage({ type: "go" });     // else once the first plot is drawn (below)
 }
 
 // The reader's first change also paid for the first run of Bokeh's update and drawing paths (JavaScript is
@@ -1047,6 +1058,8 @@ window.addEventListener("resize", refit);
 state.params = cfg.defaults;
 apply(cfg.baked, false);
 html.setAttribute("data-kvx-drawn", String(Math.round(performance.now())));   // first plot, ms since navigation
+state.plotted = true;
+worker?.postMessage({ type: "go" });           // Python starts now that it no longer competes with the drawing
 applyURL(location.search, true);
 document.addEventListener("keydown", onKey);
 document.getElementById("kvx-copy-link")?.addEventListener("click", copyLink);

@@ -1,5 +1,6 @@
 // Runs the explainer's Python model in Pyodide, off the main thread, so the page never freezes.
-// Messages in:  {type: "init", wheel, pyodide, snapshot}  then  {type: "run", id, slug, params}
+// Messages in:  {type: "init", wheel, pyodide, snapshot}, {type: "go"} (the page is drawn: start Python)
+//               then  {type: "run", id, slug, params}
 //               | {type: "warm", slug, params} (the opening parameters, evaluated before any change: see below)
 // Messages out: {type: "ready", ms, from: "snapshot" | "boot"} | {type: "failed", message} | {type: "result", id, reply}
 //               | {type: "warmed", reply} (the opening parameters' reply, after a "warm")
@@ -15,6 +16,14 @@ let asked = false;           // a real request has come: the warm-up stops
 // The warm-up's budget after ready (registry.WARM_UP_RUNS: why). A real change stops it, waiting for one
 // evaluation at most; the arithmetic pages finish all 200 runs within about a second.
 const WARM_UP_MS = 6000;
+// Between warm-up runs the worker yields to its event loop, so a real change that came meanwhile is taken
+// next. Through a MessageChannel, not setTimeout(0): nested timers are clamped to 4 ms each (the HTML spec),
+// which added about 0.8 s to 200 arithmetic runs and kept the warm-up going when the reader's first change came.
+const turn = new MessageChannel();
+const yieldToEvents = () => new Promise((resolve) => {
+  turn.port1.onmessage = () => resolve();
+  turn.port2.postMessage(null);
+});
 // A long replay (a big uploaded trace) reports how far it is; the page shows it while Python works.
 self.kvxProgress = (share, text) => self.postMessage({ type: "progress", id: current, share, text });
 
@@ -40,12 +49,11 @@ function download(url, what) {
 // Restoring the build's memory snapshot (site/snapshot.py: Python started, every model imported) skips
 // the interpreter's start-up and the imports. Anything wrong with it (missing, another Pyodide build,
 // a browser that refuses it) and Python boots the normal way: slower, same answers, nothing to report.
-async function boot(loadPyodide, pyodideURL, snapshotURL) {
+async function boot(loadPyodide, pyodideURL, snapshot) {
   const options = { indexURL: pyodideURL, stdout: () => {}, stderr: (s) => console.warn(s) };
-  if (snapshotURL) {
+  if (snapshot) {
     try {
-      return { pyodide: await loadPyodide({ ...options, _loadSnapshot: download(snapshotURL, "the snapshot") }),
-               from: "snapshot" };
+      return { pyodide: await loadPyodide({ ...options, _loadSnapshot: snapshot }), from: "snapshot" };
     } catch (err) {
       console.info(`kvx: booting Python without the snapshot (${String(err && err.message || err).split("\n")[0]})`);
     }
@@ -53,12 +61,21 @@ async function boot(loadPyodide, pyodideURL, snapshotURL) {
   return { pyodide: await loadPyodide(options), from: "boot" };
 }
 
+// The page starts this worker before BokehJS has drawn it (explainer.html), and says "go" once it has: until
+// then the worker only downloads (the model wheel, the snapshot, Pyodide's loader), since starting Python
+// beside BokehJS's first drawing, on two cores, put the first plot 0.5-0.7 s later.
+let go = null;
+const drawn = new Promise((resolve) => { go = resolve; });
+
 async function start(wheelURL, pyodideURL, snapshotURL) {
-  const t0 = performance.now();
   const wheel = download(wheelURL, "the model wheel");      // fetched while Pyodide loads, not after
   wheel.catch(() => {});                                    // reported below, where it is awaited
+  const snapshot = snapshotURL && download(snapshotURL, "the snapshot");
+  if (snapshot) snapshot.catch(() => {});                   // boot() falls back to a plain start
   const { loadPyodide } = await import(new URL("pyodide.mjs", pyodideURL).href);
-  const { pyodide, from } = await boot(loadPyodide, pyodideURL, snapshotURL);
+  await drawn;
+  const t0 = performance.now();
+  const { pyodide, from } = await boot(loadPyodide, pyodideURL, snapshot);
   pyodide.FS.writeFile("/tmp/kvx_models.whl", new Uint8Array(await wheel));
   pageJson = pyodide.runPython(INSTALL);
   const values = pyodide.globals.get("warm_up_values");
@@ -71,7 +88,9 @@ async function start(wheelURL, pyodideURL, snapshotURL) {
 
 self.onmessage = async (event) => {
   const msg = event.data;
-  if (msg.type === "init") {
+  if (msg.type === "go") {
+    go();
+  } else if (msg.type === "init") {
     starting = start(msg.wheel, msg.pyodide, msg.snapshot);
     try {
       const { ms, from } = await starting;
@@ -91,7 +110,7 @@ self.onmessage = async (event) => {
     } catch (err) { /* a real run will report it */ }
     const t0 = performance.now();
     for (const change of warmUpValues(msg.slug)) {
-      await new Promise((resolve) => setTimeout(resolve, 0));
+      await yieldToEvents();
       if (asked || performance.now() - t0 > WARM_UP_MS) break;
       try { pageJson(msg.slug, JSON.stringify({ ...msg.params, ...change })); } catch (err) { break; }
     }

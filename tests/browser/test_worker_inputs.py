@@ -75,6 +75,7 @@ ASK_WORKER = """async (cases) => {
   worker.postMessage({ type: "init", wheel: new URL(cfg.wheel, location.href).href,
                        pyodide: new URL(cfg.pyodide, location.href).href,
                        snapshot: cfg.snapshot && new URL(cfg.snapshot, location.href).href });
+  worker.postMessage({ type: "go" });           // as the page does once its first plot is drawn
   await started;
   const out = [];
   for (let i = 0; i < cases.length; i++) {       // one at a time: a crash answers the request it was working on
