@@ -21,19 +21,24 @@ def load(bench: Path, name: str):
 
 def pages_md(b: dict) -> list[str]:
     subset = " (a subset of the pages)" if b.get("subset") else ""
+    pace = {"settled": "each change came once the previous one was drawn",
+            "back-to-back": "each change came as soon as the previous reply was applied"}.get(
+        b.get("pace"), "each change came as soon as the previous reply was applied (before --pace)")
     lines = [f"Baseline: a bare page whose module worker only loads Pyodide core, loaded cold in a fresh profile "
              f"right before each page; median {b['baseline_py_ready_ms']:,} ms in this run{subset}. Each page "
              f"is loaded in its own fresh persistent profile; bytes are counted at the server (compressed as "
-             f"sent, cache hits 0).", "",
+             f"sent, cache hits 0). Round trips: {pace}; Python's part is the model's time in the worker.", "",
              "| page | first plot | Python ready, cold (× its baseline) | boot | first change (1 s after ready) / "
-             "the rest, median | round trip p50 / p95 | first visit on the wire | reload | second page |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+             "the rest, median | round trip p50 / p95 | Python p50 / p95 | first visit on the wire | reload "
+             "| second page |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for slug, r in b["pages"].items():
         w = r["wire_bytes"]
         lines.append(f"| {slug} | {r['cold']['first_plot_ms']:,} ms | {r['cold']['py_ready_ms']:,} ms "
                      f"({r['cold_ready_over_baseline']:.2f}) | {r['cold'].get('boot') or '-'} | "
                      f"{r['first_change_ms']:.0f} / {r['rest_median_ms']:.0f} ms | "
                      f"{r['round_trip_ms']['median']:.1f} / {r['round_trip_ms']['p95']:.1f} ms | "
+                     f"{r['python_ms']['median']:.1f} / {r['python_ms']['p95']:.1f} ms | "
                      f"{w['cold'] / 1e6:.2f} MB | {w['warm'] / 1e3:.1f} KB | {w['second_page'] / 1e3:.1f} KB "
                      f"({r['second_page']['page']}) |")
     timeouts = b.get("timeouts", [])
