@@ -230,9 +230,6 @@ class JobRunner:
         self.cache: collections.OrderedDict[str, tuple[dict, float, int]] = collections.OrderedDict()
         self.cache_size, self.cache_bytes, self.cached_bytes = cache_size, cache_bytes, 0
         self.jobs: dict[str, Job] = {}
-        # Jobs not yet finished, by id: joining an identical job and counting places look at these few, not at
-        # the last 256 finished ones too (three walks over every job on each request).
-        self.unfinished: dict[str, Job] = {}
         self.lock = threading.Lock()
         self.deaths = 0                 # worker processes that died without answering (crash, OOM kill)
 
@@ -266,40 +263,30 @@ class JobRunner:
             while len(self.cache) > self.cache_size or self.cached_bytes > self.cache_bytes:
                 self.cached_bytes -= self.cache.popitem(last=False)[1][2]
 
-    def _active(self) -> list[Job]:
-        """Under the lock: jobs that hold or wait for a worker (queued or running); the finished ones leave."""
-        for job_id in [i for i, j in self.unfinished.items() if j.finished is not None]:
-            del self.unfinished[job_id]
-        return list(self.unfinished.values())
-
     def active(self) -> int:
         """Jobs that hold or wait for a worker: queued or running."""
-        with self.lock:
-            return len(self._active())
+        return sum(j.finished is None for j in list(self.jobs.values()))
 
     def submit(self, kernel: str, params: dict, fn: Callable[[dict, Callable[[float, str], None]], dict],
                client: str | None = None, cost: float = 0.0) -> Job:
         """Queue a job (or join the identical one on its way). QueueFull or ClientBusy if there is no room."""
         with self.lock:
-            active = self._active()
-            for job in active:                  # the same request already on its way: share it
-                if job.status in ("queued", "running") and job.kernel == kernel and job.params == params:
+            for job in self.jobs.values():      # the same request already on its way: share it
+                if job.finished is None and job.status in ("queued", "running") and job.kernel == kernel \
+                        and job.params == params:
                     return job
+            active = [j for j in self.jobs.values() if j.finished is None]
             if len(active) >= self.capacity or (active and sum(j.cost for j in active) + cost > self.queue_cost):
                 raise QueueFull()
             if client is not None and sum(j.client == client for j in active) >= self.per_client:
                 raise ClientBusy()
             job = Job(uuid.uuid4().hex[:12], kernel, params, client=client, cost=cost)
             self.jobs[job.id] = job
-            self.unfinished[job.id] = job
             self._forget_old()
             job.future = self.pool.submit(self._run, job, fn)
         return job
 
     def _forget_old(self, keep: int = 256) -> None:
-        """Keep the last `keep` finished jobs (their answers can still be polled by id); pruned in batches."""
-        if len(self.jobs) <= keep + 64:
-            return
         done = [j for j in self.jobs.values() if j.finished is not None]
         for j in done[: max(0, len(done) - keep)]:
             del self.jobs[j.id]
@@ -450,21 +437,26 @@ class JobRunner:
         return job
 
     async def wait_async(self, job: Job, seconds: float) -> Job:
-        """Wait without holding a thread: the event loop keeps answering other requests meanwhile.
+        """Wait without holding a thread: the event loop keeps answering other requests meanwhile."""
+        loop, finished = asyncio.get_running_loop(), asyncio.Event()
 
-        It wakes when the job's thread is done, or when the job reaches its time limit (a job that runs in a
-        thread is failed then, though the thread runs on), whichever is first: no polling, so a waiting request
-        costs the event loop nothing until its answer is there."""
-        if job.future is None:
-            return job
-        done = asyncio.wrap_future(job.future)
+        def wake(_future) -> None:           # runs in the waiting thread; never touches the job itself
+            try:
+                loop.call_soon_threadsafe(finished.set)
+            except RuntimeError:             # that event loop has closed: nobody is waiting any more
+                pass
+
+        if job.future is not None:
+            job.future.add_done_callback(wake)
         deadline = time.monotonic() + seconds
         while job.status in ("queued", "running") and not self._expire(job):
-            now = time.monotonic()
-            if now >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 break
-            limit = job.started + self.time_limit_s - now if job.started is not None else 0.25   # queued: look again
-            await asyncio.wait({done}, timeout=max(0.01, min(deadline - now, limit + 0.01)))
+            try:                             # wake when the job ends, or every 0.1 s to check its time limit
+                await asyncio.wait_for(finished.wait(), timeout=min(left, 0.1))
+            except asyncio.TimeoutError:
+                pass
         return job
 
     def ahead(self, job: Job) -> int | None:
