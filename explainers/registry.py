@@ -256,7 +256,10 @@ def _strict_json(reply: dict) -> str:
 # on the first to about 2 ms by the twentieth; after forty warm-up runs the first took 2.8 ms. Forty still left
 # one change in ten slow: on cross-model, prompt-caching, disaggregation and cross-layer, Python's p95 over 40
 # changes was 6-14 ms against a median of 2-5 (each change runs functions the engine has not optimised yet;
-# with its optimising compiler forced on for everything, 3-4 ms). After 200 warm-up runs it was 3-8 ms.
+# with its optimising compiler forced on for everything, 3-4 ms). After 200 warm-up runs it was 3-8 ms. The worker
+# goes through them again until its time budget is spent (kvx-worker.mjs, WARM_UP_MS): a repeated value of an
+# arithmetic page is real work again (its model keeps no answers); a simulation that gets through its 200 seeds
+# within the budget answers repeats from its caches, which costs little and warms nothing more.
 WARM_UP_RUNS = 200
 
 
