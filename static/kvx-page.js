@@ -514,12 +514,12 @@ async function runHere() {
 // ---- start ---------------------------------------------------------------------------------------
 function startWorker() {
   state.started = true;
-  // The page's head started the first worker before BokehJS loaded (explainer.html) and kept what it said
-  // meanwhile; a replacement for one that died is started here.
-  const early = window.kvxEarly;
+  // The page's head started the first worker before BokehJS loaded (explainer.html's kvxStartWorker) and kept
+  // what it said meanwhile; a replacement for one that died is started by the same function.
+  const started = window.kvxEarly || window.kvxStartWorker();
   window.kvxEarly = null;
-  worker = early ? early.worker : new Worker(new URL(cfg.worker, location.href), { type: "module" });
-  const t0 = early ? early.t0 : performance.now();
+  worker = started.worker;
+  const t0 = started.t0;
   worker.onmessage = (event) => {
     const msg = event.data;
     if (msg.type === "ready") {
@@ -552,13 +552,7 @@ function startWorker() {
     event.preventDefault();
     workerDied(event.message || "an error in the worker");
   };
-  if (early) {
-    for (const event of early.early) (event.type === "error" ? worker.onerror : worker.onmessage)(event);
-  } else {
-    worker.postMessage({ type: "init", wheel: new URL(cfg.wheel, location.href).href,
-                         pyodide: new URL(cfg.pyodide, location.href).href,
-                         snapshot: cfg.snapshot && new URL(cfg.snapshot, location.href).href });
-  }
+  for (const event of started.early) (event.type === "error" ? worker.onerror : worker.onmessage)(event);
   if (state.plotted) worker.postMessage({ type: "go" });     // else once the first plot is drawn (below)
 }
 
