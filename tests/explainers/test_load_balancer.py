@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kvx.explainers.core import traces
+from kvx.explainers.core.radix import RadixTree
 from kvx.explainers.core.params import ParamError
 from kvx.explainers.load_balancer.model import (BY_KEY, MAX_TRACE_REQUESTS, ROUTERS, SHARED, LoadBalancerParams as P,
                                                  evaluate, frame_data, frame_requests, page_data, parse_trace,
@@ -334,8 +335,9 @@ def test_simulation_invariants(p):
 @settings(max_examples=60, deadline=None)
 @given(params)
 def test_chained_ids_are_read_off_the_queue_with_the_same_outcome(p):
-    """With chained ids a replica finds what is on its way by comparing a prompt with the prompts in its queue;
-    counting every block of every prompt routed in and out (what any other trace gets) decides the same."""
+    """With chained ids a replica finds what it holds or has on its way by bisection over the prompt's ids (in its
+    set of cached ids, or in a prompt sent here and not yet stored); walking its tree and counting every block
+    of every prompt routed in and out (what any other trace gets) decides the same, run for run."""
     import dataclasses
     from kvx.explainers.load_balancer import model
     w = workload(p)
@@ -349,6 +351,41 @@ def test_chained_ids_are_read_off_the_queue_with_the_same_outcome(p):
     finally:
         model.workload = original
     assert queue_read == counted
+
+
+class LockingTree(RadixTree):
+    """The replay as SGLang runs a request: its matched path is locked from the moment its prefill starts
+    (inc_lock_ref) until its prompt is stored and the lock is let go (dec_lock_ref)."""
+
+    def match(self, tokens):
+        matched, path = super().match(tokens)
+        self.lock(path, +1)
+        return matched, path
+
+    def store_matched(self, tokens, matched, path):
+        out = super().store_matched(tokens, matched, path)
+        self.lock(path, -1)
+        return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(params, st.booleans())
+def test_replay_without_locks_is_the_replay_with_them(p, uploaded):
+    """simulate takes no lock on a running prefill's path (a replica runs one at a time, so only read-only
+    peeks come in between): every run, event, snapshot and score is what locking gives, for the synthetic
+    trace and for an uploaded one (the shipped sample, its sessions inferred from its hash ids)."""
+    from kvx.explainers.load_balancer import model
+    if uploaded:
+        p = P(trace=SAMPLE.read_text(), replicas=p.replicas, capacity=p.capacity, prefill_rate=p.prefill_rate,
+              load_weight=p.load_weight)
+    frames = frozenset(frame_requests(len(workload(p).requests)))
+    plain = {r.key: simulate(p, r, frames) for r in ROUTERS}
+    original, model.RadixTree = model.RadixTree, LockingTree
+    try:
+        locking = {r.key: simulate(p, r, frames) for r in ROUTERS}
+    finally:
+        model.RadixTree = original
+    assert plain == locking
 
 
 def test_chained_ids_by_hand():
