@@ -2,9 +2,11 @@
 // Messages in:  {type: "init", wheel, pyodide, snapshot}, {type: "go"} (the page is drawn: start Python)
 //               then  {type: "run", id, slug, params}
 //               | {type: "warm", slug, params} (the opening parameters, evaluated before any change: see below)
+//               | {type: "hold"} (the reader has pressed, typed or focused something: end the warm-up)
 // Messages out: {type: "ready", ms, from: "snapshot" | "boot"} | {type: "failed", message} | {type: "result", id, reply}
-//               | {type: "warmed", reply} (the opening parameters' reply, after a "warm")
+//               | {type: "warmed", reply, other} (the opening parameters' reply, and one other value's, after a "warm")
 //               | {type: "progress", id, share, text} (during a long run)
+//               | {type: "warm-ended", runs, ms, by} (the warm-up's evaluations, and what ended them)
 // Pyodide's folder is named by its content hash (site/assets.py), so the page passes its URL and the
 // worker imports it from there rather than from a fixed relative path.
 
@@ -13,6 +15,7 @@ let warmUpValues = () => [];
 let starting = null;
 let current = null;          // the id of the request Python is working on
 let asked = false;           // a real request has come: the warm-up stops
+let endedBy = "budget";      // what ended the warm-up: its time budget, a "hold" or a "run"
 // The warm-up's budget after ready (registry.WARM_UP_RUNS: why). A real change stops it, waiting for one
 // evaluation at most. The values are gone through again until the budget is spent: on the arithmetic pages 200
 // runs take about half a second, and a first change a second after ready, with the warm-up over, still found
@@ -107,18 +110,28 @@ self.onmessage = async (event) => {
     // evaluations at other values (registry.warm_up_values: why), one task each, so a real change that
     // comes meanwhile waits for one evaluation at most, and none after it.
     await starting;
+    const changes = warmUpValues(msg.slug);
     try {
       const reply = JSON.parse(pageJson(msg.slug, JSON.stringify(msg.params)));
-      self.postMessage({ type: "warmed", reply });          // the page warms its drawing with it (same picture)
+      // and one other value's, for the page to run its drawing's update paths on changed data (warmDrawing)
+      const other = changes.length ? JSON.parse(pageJson(msg.slug, JSON.stringify({ ...msg.params, ...changes[0] })))
+        : null;
+      self.postMessage({ type: "warmed", reply, other });    // the page warms its drawing with them (same picture)
     } catch (err) { /* a real run will report it */ }
     const t0 = performance.now();
-    const changes = warmUpValues(msg.slug);
-    for (let i = 0; changes.length && !asked && performance.now() - t0 < WARM_UP_MS; i += 1) {
+    let runs = 1;
+    for (let i = 1; changes.length && !asked && performance.now() - t0 < WARM_UP_MS; i += 1) {
       await yieldToEvents();
       if (asked) break;
       try { pageJson(msg.slug, JSON.stringify({ ...msg.params, ...changes[i % changes.length] })); } catch (err) { break; }
+      runs += 1;
     }
+    self.postMessage({ type: "warm-ended", runs, ms: performance.now() - t0, by: asked ? endedBy : "budget" });
+  } else if (msg.type === "hold") {
+    if (!asked) endedBy = "hold";
+    asked = true;                              // the reader is about to change something: the warm-up ends
   } else if (msg.type === "run") {
+    if (!asked) endedBy = "run";
     asked = true;
     await starting;
     // page_json never raises: a bad value comes back as {ok: false, field, message}. What can still

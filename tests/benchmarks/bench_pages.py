@@ -21,6 +21,7 @@ import json
 import shutil
 import socket
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -33,6 +34,9 @@ from kvx.compute.app import create_app
 from kvx.compute.serving import BytesSent as Wire      # bytes sent, counted at the server
 from kvx.compute.settings import Settings
 from kvx.explainers.registry import REGISTRY, page_json
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "browser"))
+from pagehooks import set_control  # noqa: E402  (the browser tests' reader-like typing)
 
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -122,6 +126,8 @@ DRAWN = "new Promise((resolve) => requestAnimationFrame(() => requestAnimationFr
 
 def round_trips(page, slug: str, changes: int, pace: str = "settled") -> tuple[list[float], list[float]]:
     """Each change's round trip, ms, and Python's share of it (the model's time in the worker, as it reports).
+    Each change is typed into its box as a reader types it (click, type, Enter); the round trip runs from the
+    change the page sends to its reply drawn into the plots' sources.
 
     "settled": each change comes once the previous one is on screen, as a reader's next typed value does.
     "back-to-back": each change comes as soon as the previous reply is applied, while the page is still drawing
@@ -131,7 +137,7 @@ def round_trips(page, slug: str, changes: int, pace: str = "settled") -> tuple[l
     python = []
     for value in values:
         before = page.evaluate("Number(document.documentElement.dataset.kvxApplied || 0)")
-        page.evaluate(f"Bokeh.documents[0].get_model_by_name('param:{name}').value = '{value}'")
+        set_control(page, name, value, slug)        # as a reader does: click into the box, type, press Enter
         page.wait_for_function(f"Number(document.documentElement.dataset.kvxApplied || 0) > {before}")
         python.append(page.evaluate("window.kvx.state.pythonMs"))
         if pace == "settled":

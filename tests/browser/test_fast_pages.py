@@ -16,6 +16,7 @@ from kvx.compute.settings import Settings
 from kvx.explainers.registry import REGISTRY
 
 from .conftest import ARGS, CHROMIUM
+from .pagehooks import assert_sources_equal, expected
 
 READY_MS = 90_000
 SLUG, FIELD, VALUE = "paging", "requests", "57"            # a simulation: a change runs real Python
@@ -173,3 +174,40 @@ def test_the_style_reads_the_page_skips_would_give_what_it_uses_on_every_page(of
         assert kept == rebuilt, slug
         legend_entries += sum(len(entries) for entries, _ in kept)
     assert legend_entries > 20                                         # the pages do have legends to keep
+
+
+# ---- the warm-up after ready ---------------------------------------------------------------------------
+@pytest.mark.parametrize("slug", ["cache-renting", "load-balancer"])
+def test_the_warmed_drawing_shows_the_opening_values(offline_page, site_url, slug):
+    """The worker's warm-up runs the drawing's update paths on another value's data and then gives the opening
+    data back, in one task: what stays drawn is the opening parameters' data, exactly as CPython computes it."""
+    page = offline_page
+    page.goto(f"{site_url}/{slug}.html")
+    page.wait_for_selector("html[data-kvx-warmed]", state="attached", timeout=READY_MS)
+    assert page.evaluate("window.kvx.state.latest") == 0          # nothing asked: the warm-up drew what is drawn
+    want = expected(slug)
+    anim = want.get("animation") or {}
+    if anim.get("mode") != "on_demand":                       # a cumulative animation's rows are up to its frame
+        want["sources"].pop(anim.get("source"), None)
+    assert_sources_equal(page, want)
+    for name, (start, end) in (want.get("ranges") or {}).items():
+        r = page.evaluate(f"(() => {{ const r = Bokeh.documents[0].get_model_by_name('range:{name}'); "
+                          f"return [r.start, r.end]; }})()")
+        assert r == pytest.approx([start, end]), name
+
+
+def test_a_readers_first_touch_ends_the_warm_up(offline_page, site_url):
+    """A press, key or focus ends the worker's warm-up, so the change that follows does not wait for a warm-up
+    evaluation in flight; left alone, the warm-up spends its budget (kvx-worker.mjs, WARM_UP_MS = 4 s)."""
+    page = offline_page
+    page.goto(f"{site_url}/quantization.html")
+    page.wait_for_selector("html[data-kvx-warmed]", state="attached", timeout=READY_MS)
+    t0 = time.monotonic()
+    page.locator(".bk-input-group input").first.click()          # a reader clicks into a box
+    page.wait_for_selector("html[data-kvx-warm-up]", state="attached", timeout=10_000)
+    assert time.monotonic() - t0 < 3.0
+    assert page.evaluate("document.documentElement.dataset.kvxWarmUp").endswith("ended by hold")
+    page.goto(f"{site_url}/cross-model.html")                    # nobody touches this one
+    page.wait_for_selector("html[data-kvx-warm-up]", state="attached", timeout=READY_MS)
+    spent = page.evaluate("document.documentElement.dataset.kvxWarmUp")
+    assert spent.endswith("ended by budget") and int(spent.split(" ms")[0].split()[-1]) >= 4000, spent
