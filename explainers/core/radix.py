@@ -77,11 +77,9 @@ class RadixTree:
         self.evicted = 0
         self.on_evict: Callable[[Node], None] | None = None   # told of each evicted leaf (for tallies)
         self._key = _PACKED[policy]
-        self._lru = policy == "lru"
         self._evictable: set[Node] = set()           # unlocked leaves
         self._heap: list[int] = []                   # packed keys; a key is stale unless it is its node's `filed`
         self._filed: dict[int, Node] = {}            # packed key -> node, for every key in the heap
-        self._heap_limit = 64                        # rebuild the heap from its live entries past this size
 
     # ---- lookup -----------------------------------------------------------------------------------
     def match(self, tokens) -> tuple[int, list[Node]]:
@@ -242,16 +240,11 @@ class RadixTree:
         through the parents as SGLang's inc_lock_ref/dec_lock_ref do, so an edge of the path that a later
         match split (the new upper node inherits the lock) is released too."""
         last = node = path[-1] if path else self.root
-        root = self.root
-        while node is not root and node is not None:
+        while node is not self.root and node is not None:
             node.lock += delta
             node = node.parent
-        if last is root:
-            return
-        if delta > 0:
-            self._evictable.discard(last)            # held: not evictable (its ancestors have children)
-        else:
-            self._refile(last)
+        if last is not self.root:
+            self._refile(last)                       # its ancestors have children: never evictable
 
     def record_hit(self, path: list[Node]) -> None:
         """Count a hit on each node of `path` outside an insert (SGLang counts hits only in insert)."""
@@ -267,15 +260,12 @@ class RadixTree:
             self._evictable.discard(node)            # not a leaf, held, the root, or already evicted
             return
         self._evictable.add(node)
-        # The LRU key inline (_PACKED["lru"]): a call to the policy's lambda for each of the several refiles a
-        # request makes was a tenth of a replay in the browser.
-        key = (node.last_access << 40) | node.id if self._lru else self._key(node)
+        key = self._key(node)
         if key != node.filed:                        # keys only grow, so an equal key is the live entry
             node.filed = key                         # ids make keys unique across nodes
             self._filed[key] = node
-            heap = self._heap
-            heapq.heappush(heap, key)
-            if len(heap) > self._heap_limit:         # mostly stale entries: rebuild from the live ones
+            heapq.heappush(self._heap, key)
+            if len(self._heap) > 64 + 4 * len(self._evictable):
                 self._compact()
 
     def _compact(self) -> None:
@@ -287,9 +277,6 @@ class RadixTree:
             self._filed[n.filed] = n
             self._heap.append(n.filed)
         heapq.heapify(self._heap)
-        # The next rebuild when the heap has grown to four entries per live one again (64 at least): checked
-        # against a number, not the set's size, on every push.
-        self._heap_limit = max(64 + 4 * len(self._evictable), 2 * len(self._heap))
 
     def sequences(self) -> list[tuple]:
         """Every root-to-leaf token sequence: what the cache holds, for tests and drawing."""

@@ -388,12 +388,7 @@ class LeastLoaded(Router):
     reads_load = True
 
     def choose(self, req, fleet, now, p, count):
-        best = best_key = None
-        for r in fleet:                              # min() with a key function, without a call each
-            key = (r.load(now), r.routed, r.index)
-            if best_key is None or key < best_key:
-                best, best_key = r.index, key
-        return best
+        return min(fleet, key=lambda r: (r.load(now), r.routed, r.index)).index
 
 
 @functools.lru_cache(maxsize=16)
@@ -422,9 +417,9 @@ class Sticky(Router):
 
 def cache_aware_scores(req: Request, fleet: list[Replica], now: float, p: LoadBalancerParams) -> list[tuple]:
     """(score, cached tokens, queued tokens) per replica: score = cached − load_weight × queued."""
-    out, weight, blocks, size, length = [], p.load_weight, req.blocks, p.block_size, req.input_length
+    out, weight = [], p.load_weight
     for r in fleet:
-        cached = min(r.expected_blocks(blocks) * size, length)          # cached_tokens, inline: 4 a request
+        cached = cached_tokens(r.expected_blocks(req.blocks), req, p.block_size)
         queued = r.load(now)
         out.append((cached - weight * queued, cached, queued))
     return out
@@ -438,12 +433,7 @@ class CacheAware(Router):
 
     def choose(self, req, fleet, now, p, count, scores=None):
         scores = scores or cache_aware_scores(req, fleet, now, p)
-        best = best_key = None
-        for r, (score, _, queued) in zip(fleet, scores):        # max() with a key function, without a call each
-            key = (score, -queued, -r.routed, -r.index)
-            if best_key is None or key > best_key:
-                best, best_key = r.index, key
-        return best
+        return max(fleet, key=lambda r: (scores[r.index][0], -scores[r.index][2], -r.routed, -r.index)).index
 
 
 ROUTERS: tuple[Router, ...] = (RoundRobin(), LeastLoaded(), Sticky(), CacheAware())
@@ -722,11 +712,6 @@ def summary(p: LoadBalancerParams, router_key: str) -> dict:
             "evicted_tokens": sum(r.evicted_blocks) * p.block_size}
 
 
-def out_total(w: Workload) -> int:
-    """Prompt tokens of the whole trace."""
-    return w.prompt_tokens
-
-
 def over_cache(p: LoadBalancerParams) -> int:
     """Requests whose prompt is longer than a replica's whole cache: they cannot be cached whole."""
     cap = whole_block_tokens(p)
@@ -738,11 +723,11 @@ def evaluate(p: LoadBalancerParams) -> dict:
     w = workload(p)
     out = {"trace": "uploaded" if w.uploaded else "synthetic", "requests": len(w.requests),
            "sessions": len({q.session for q in w.requests}),
-           "tokens_requested": sum(q.input_length for q in w.requests),
+           "tokens_requested": w.prompt_tokens,
            "capacity_tokens": capacity_tokens(p), "capacity_source": "derived" if p.capacity is None else "override",
            "requests_over_cache": over_cache(p),
            "longest_prompt_tokens": max(q.input_length for q in w.requests),
-           "unlimited_cache_hit_rate": w.unlimited_found / out_total(w)}
+           "unlimited_cache_hit_rate": w.unlimited_found / w.prompt_tokens}
     for router in ROUTERS:
         s = summary(p, router.key)
         for k in ("hit_rate", "ttft_p50_s", "ttft_p99_s", "imbalance", "evicted_tokens"):
@@ -971,7 +956,7 @@ def page_data(p: LoadBalancerParams) -> dict:
     bottom = lane_y(p, len(ROUTERS) - 1, p.replicas - 1) - 0.8
     longest = max(max(sums[k]["ttft_p99_s"] for k in BY_KEY), 1e-9)
     sources = {**at["sources"], **lanes_src, "running": running, "percentiles": pcts,
-               "unlimited": {"request": [-0.5, n - 0.5], "hit_rate": [w.unlimited_found / out_total(w)] * 2},
+               "unlimited": {"request": [-0.5, n - 0.5], "hit_rate": [w.unlimited_found / w.prompt_tokens] * 2},
                **{f"ecdf_{k}": v for k, v in ecdf_lines.items()}, "busy": busy, "busy_mean": mean}
     return {
         **at,
@@ -1067,8 +1052,8 @@ def formula(p: LoadBalancerParams, sums: dict) -> list[dict]:
     found = w.unlimited_found
     lines.append({"name": "Hit rate with an unlimited cache (reference)",
                   "formula": "Σ longest prefix of each prompt seen in any earlier prompt ÷ Σ prompt tokens",
-                  "substituted": f"{thousands(found)} ÷ {thousands(out_total(w))}",
-                  "result": f"{found / out_total(w):.1%}"})
+                  "substituted": f"{thousands(found)} ÷ {thousands(w.prompt_tokens)}",
+                  "result": f"{found / w.prompt_tokens:.1%}"})
     lines.append({"name": "Hit rate", "formula": "Σ cached tokens ÷ Σ prompt tokens",
                   "substituted": "; ".join(f"{r.name} {thousands(sums[r.key]['tokens_matched'])} ÷ "
                                            f"{thousands(sums[r.key]['tokens_requested'])}" for r in ROUTERS),
@@ -1099,6 +1084,6 @@ def readouts(p: LoadBalancerParams, sums: dict) -> list[dict]:
              "detail": f"first token p50 {sums[router.key]['ttft_p50_s']:.2f} s, p99 "
                        f"{sums[router.key]['ttft_p99_s']:.2f} s; imbalance {sums[router.key]['imbalance']:.2f}"}
             for router in ROUTERS] + [
-        {"label": "unlimited cache", "value": f"{w.unlimited_found / out_total(w):.0%} hits",
+        {"label": "unlimited cache", "value": f"{w.unlimited_found / w.prompt_tokens:.0%} hits",
          "detail": "the most any router could reuse: one cache that keeps every prompt (Mooncake's Table 2: "
                    "40% for its conversation trace, 66% for its synthetic one)"}]
