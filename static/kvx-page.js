@@ -570,11 +570,10 @@ function startWorker() {
 // Giving the same data again alone left a first change's source update at 2-5 ms against 1-2 for the rest.
 function warmDrawing(data, other) {
   if (state.latest !== 0 || !data.sources) return;               // the reader was quicker: nothing to warm
-  if (other && other.sources) {
-    for (const [key, cols] of Object.entries(other.sources)) {
-      if (key in data.sources && !(anim() && key === anim().source)) setData(key, cols, true);
-    }
-    setRanges(Object.fromEntries(Object.entries(other.ranges || {}).filter(([name]) => name in (data.ranges || {}))));
+  if (other) {                                                   // only what the opening data gives back below
+    const within = (given, kept) => Object.fromEntries(Object.entries(given || {}).filter(([k]) => k in (kept || {})));
+    setSources(within(other.sources, data.sources), true);
+    setRanges(within(other.ranges, data.ranges));
   }
   setSources(data.sources, true);                                // the opening data, as drawn: forced, on purpose
   setRanges(data.ranges);

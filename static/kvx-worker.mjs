@@ -14,8 +14,7 @@ let pageJson = null;
 let warmUpValues = () => [];
 let starting = null;
 let current = null;          // the id of the request Python is working on
-let asked = false;           // a real request has come: the warm-up stops
-let endedBy = "budget";      // what ended the warm-up: its time budget, a "hold" or a "run"
+let stopped = null;          // what stopped the warm-up: a "hold" (the reader touched the page) or a "run"
 // The warm-up's budget after ready (registry.WARM_UP_RUNS: why). A real change stops it, waiting for one
 // evaluation at most. The values are gone through again until the budget is spent: on the arithmetic pages 200
 // runs take about half a second, and a first change a second after ready, with the warm-up over, still found
@@ -111,28 +110,27 @@ self.onmessage = async (event) => {
     // comes meanwhile waits for one evaluation at most, and none after it.
     await starting;
     const changes = warmUpValues(msg.slug);
+    let runs = 0;                              // evaluations at other values
     try {
       const reply = JSON.parse(pageJson(msg.slug, JSON.stringify(msg.params)));
       // and one other value's, for the page to run its drawing's update paths on changed data (warmDrawing)
       const other = changes.length ? JSON.parse(pageJson(msg.slug, JSON.stringify({ ...msg.params, ...changes[0] })))
         : null;
+      runs = other ? 1 : 0;
       self.postMessage({ type: "warmed", reply, other });    // the page warms its drawing with them (same picture)
     } catch (err) { /* a real run will report it */ }
     const t0 = performance.now();
-    let runs = 1;
-    for (let i = 1; changes.length && !asked && performance.now() - t0 < WARM_UP_MS; i += 1) {
+    for (let i = 1; changes.length && !stopped && performance.now() - t0 < WARM_UP_MS; i += 1) {
       await yieldToEvents();
-      if (asked) break;
+      if (stopped) break;
       try { pageJson(msg.slug, JSON.stringify({ ...msg.params, ...changes[i % changes.length] })); } catch (err) { break; }
       runs += 1;
     }
-    self.postMessage({ type: "warm-ended", runs, ms: performance.now() - t0, by: asked ? endedBy : "budget" });
+    self.postMessage({ type: "warm-ended", runs, ms: performance.now() - t0, by: stopped || "budget" });
   } else if (msg.type === "hold") {
-    if (!asked) endedBy = "hold";
-    asked = true;                              // the reader is about to change something: the warm-up ends
+    stopped = stopped || "hold";               // the reader is about to change something: the warm-up ends
   } else if (msg.type === "run") {
-    if (!asked) endedBy = "run";
-    asked = true;
+    stopped = stopped || "run";
     await starting;
     // page_json never raises: a bad value comes back as {ok: false, field, message}. What can still
     // fail is Pyodide itself (out of memory, a fatal error): the page then replaces this worker.
