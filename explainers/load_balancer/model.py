@@ -493,11 +493,11 @@ class Snapshot(typing.NamedTuple):
 class Run:
     router: str
     served: tuple                # Served, by request index
-    events: tuple                # (time, kind, request, replica, blocks cached there): every event, in order
+    events: tuple                # (time, kind, request, replica, blocks cached there): every event, in order,
+    #                              if asked for (the tests read them; the page does not)
     busy: tuple                  # seconds of prefill per replica
     queue_at_arrival: tuple      # the longest queue (waiting + running) in the fleet right after each arrival
     snapshots: dict              # request index -> tuple of Snapshot, one per replica
-    peak_blocks: tuple           # the most blocks each replica's cache ever held
     evicted_blocks: tuple        # blocks each replica's cache evicted to make room
     scores: dict                 # request index -> the cache-aware scores (score, cached, queued) before routing
 
@@ -541,11 +541,13 @@ def _uncount(tally: dict, owners: dict, cached: set | None, victim) -> None:
             del tally[o]
 
 
-def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = frozenset()) -> Run:
+def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = frozenset(),
+             with_events: bool = False) -> Run:
     """Replay the workload under one router. Events: arrivals and prefill ends, in time order; at equal times a
     prefill end comes first (so a replica that frees up at the moment a request arrives is seen as free), and
     equal events in the order they were made. Arrivals come in the trace's order, so only the prefill ends
-    (at most one a replica) need a heap."""
+    (at most one a replica) need a heap. The event log (Run.events) is kept only `with_events`: three tuples a
+    request, which a change of the page would make for all four routers and never read."""
     w = workload(p)
     requests, size, owners = w.requests, p.block_size, w.owners
     fleet = [Replica(i, RadixTree(capacity_tokens(p) // size), w.chained) for i in range(p.replicas)]
@@ -555,7 +557,6 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
     arrivals = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i))
     ends, counter = [], itertools.count()             # (end time, counter, replica): the prefills running
     served, events, queues, snaps, scores = [None] * len(requests), [], [], {}, {}
-    peak = [0] * p.replicas
     depth = [0] * p.replicas                          # requests running or waiting, per replica
     shown, changed = [None] * p.replicas, set(range(p.replicas))      # for _snapshot
     prefill_time: dict = {}                           # (new tokens, cached tokens) -> seconds
@@ -581,7 +582,8 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
             seconds = prefill_time[new, matched] = prefill_seconds(p, new, matched)
         job.end = now + seconds
         r.running = job
-        record((now, "start", q.index, r.index, tree.size))
+        if with_events:
+            record((now, "start", q.index, r.index, tree.size))
         heapq.heappush(ends, (job.end, next(counter), r.index))
 
     def finish(now: float, _: int, i: int) -> None:
@@ -597,12 +599,11 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
             r.cached.update(new_blocks)
         if reads_load:                                # only they ask what is on its way (expected_blocks)
             r.send(job, -1)
-        if tree.size > peak[i]:
-            peak[i] = tree.size
         r.busy += job.end - job.start
         served[done.index] = _make(Served, (done.index, i, done.arrival, job.start, job.end, job.matched,
                                             done.input_length - job.matched, job.blocks))
-        record((now, "end", done.index, i, tree.size))
+        if with_events:
+            record((now, "end", done.index, i, tree.size))
         depth[i] -= 1
         if r.waiting:
             start(r, now)
@@ -634,7 +635,8 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
         if reads_load:
             r.send(job, +1)
         r.queued += estimate
-        record((now, "arrive", x, r.index, r.tree.size))
+        if with_events:
+            record((now, "arrive", x, r.index, r.tree.size))
         if r.running is None:
             start(r, now)
         depth[r.index] += 1
@@ -643,8 +645,10 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
             snaps[x] = _snapshot(fleet, shown, changed)
     while ends:                                       # the prefills still running after the last arrival
         finish(*heapq.heappop(ends))
+    for r in fleet:                                   # free the caches now, not in a cycle-collector pass
+        r.tree.clear()
     return Run(router.key, tuple(served), tuple(events), tuple(f.busy for f in fleet), tuple(queues), snaps,
-               tuple(peak), tuple(f.tree.evicted for f in fleet), scores)
+               tuple(f.tree.evicted for f in fleet), scores)
 
 
 @functools.lru_cache(maxsize=16)

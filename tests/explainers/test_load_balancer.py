@@ -79,7 +79,7 @@ def test_tiny_times_hit_rates_and_imbalance_by_hand():
 
 
 def test_tiny_events_in_order():
-    events = run(TINY_P, "cache_aware").events
+    events = simulate(TINY_P, BY_KEY["cache_aware"], with_events=True).events
     assert [(round(t, 6), kind, k, rep) for t, kind, k, rep, _ in events] == [
         (0.0, "arrive", 0, 0), (0.0, "start", 0, 0), (0.1, "arrive", 1, 1), (0.1, "start", 1, 1),
         (2.0, "arrive", 2, 1), (2.1, "arrive", 3, 0), (3.0, "end", 0, 0), (3.0, "start", 3, 0),
@@ -303,7 +303,7 @@ def test_simulation_invariants(p):
     w = workload(p)
     n = len(w.requests)
     for router in ROUTERS:
-        r = simulate(p, router, frozenset(range(n)))
+        r = simulate(p, router, frozenset(range(n)), with_events=True)
         assert [s.request for s in r.served] == list(range(n))            # every request served exactly once
         for snap in r.snapshots.values():                                 # the by-session tally adds up
             for rep in snap:
@@ -343,11 +343,11 @@ def test_chained_ids_are_read_off_the_queue_with_the_same_outcome(p):
     w = workload(p)
     assert w.chained
     frames = frozenset(frame_requests(len(w.requests)))
-    queue_read = {r.key: simulate(p, r, frames) for r in ROUTERS}
+    queue_read = {r.key: simulate(p, r, frames, with_events=True) for r in ROUTERS}
     original = model.workload
     model.workload = lambda q: dataclasses.replace(original(q), chained=False)
     try:
-        counted = {r.key: simulate(p, r, frames) for r in ROUTERS}
+        counted = {r.key: simulate(p, r, frames, with_events=True) for r in ROUTERS}
     finally:
         model.workload = original
     assert queue_read == counted
@@ -379,10 +379,10 @@ def test_replay_without_locks_is_the_replay_with_them(p, uploaded):
         p = P(trace=SAMPLE.read_text(), replicas=p.replicas, capacity=p.capacity, prefill_rate=p.prefill_rate,
               load_weight=p.load_weight)
     frames = frozenset(frame_requests(len(workload(p).requests)))
-    plain = {r.key: simulate(p, r, frames) for r in ROUTERS}
+    plain = {r.key: simulate(p, r, frames, with_events=True) for r in ROUTERS}
     original, model.RadixTree = model.RadixTree, LockingTree
     try:
-        locking = {r.key: simulate(p, r, frames) for r in ROUTERS}
+        locking = {r.key: simulate(p, r, frames, with_events=True) for r in ROUTERS}
     finally:
         model.RadixTree = original
     assert plain == locking

@@ -491,3 +491,28 @@ def test_store_after_a_match_is_store(requests, capacity, policy):
         b.lock(pb, -1)
         assert gone_a == gone_b and state(a) == state(b)
         assert sorted(map(spelled, a.evictable())) == sorted(map(spelled, b.evictable()))
+
+
+def test_clear_empties_the_tree_and_leaves_no_cycles():
+    """A cleared tree is empty and usable, and its old nodes hold no links, so reference counting frees them
+    at once: with the cycle collector off, they are gone from the interpreter's objects."""
+    import gc
+    from kvx.explainers.core.radix import Node
+    tree = RadixTree(10)
+    for seq in [(1, 2, 3), (1, 2, 4), (5, 6), (1, 7)]:
+        tree.insert(seq)
+    old = tree.nodes()
+    assert len(old) == 6 and tree.size == 7
+    nodes = lambda: sum(isinstance(o, Node) for o in gc.get_objects())
+    gc.collect()
+    gc.disable()                      # only reference counting frees anything from here
+    try:
+        before = nodes()
+        tree.clear()
+        assert tree.size == 0 and tree.sequences() == [] and tree.match((1, 2, 3))[0] == 0
+        assert all(n.parent is None and not n.children for n in old)
+        del old
+        assert before - nodes() == 6  # the six nodes gone (and the old root, for the new one)
+    finally:
+        gc.enable()
+    assert tree.insert((1, 2)) == 2 and tree.match((1, 2, 9))[0] == 2
