@@ -194,6 +194,14 @@ def test_the_warmed_drawing_shows_the_opening_values(offline_page, site_url, slu
         r = page.evaluate(f"(() => {{ const r = Bokeh.documents[0].get_model_by_name('range:{name}'); "
                           f"return [r.start, r.end]; }})()")
         assert r == pytest.approx([start, end]), name
+    words = page.evaluate("""names => ({
+        texts: Object.fromEntries(names.map((k) => [k, window.kvx.text(k)])),
+        readouts: Array.from(document.querySelectorAll('#kvx-readouts .kvx-readout'), (e) => e.innerText.split('\\n')),
+        formula: document.querySelectorAll('#kvx-formula .kvx-formula-line').length,
+        notes: document.getElementById('kvx-notes').textContent })""", list(want["texts"]))
+    assert words["texts"] == want["texts"]                    # the words too: the warm-up wrote another value's
+    assert [r[:2] for r in words["readouts"]] == [[r["label"], r["value"]] for r in want["readouts"]]
+    assert words["formula"] == len(want["formula"]) and words["notes"] == " ".join(want["notes"])
 
 
 def test_a_readers_first_touch_ends_the_warm_up(offline_page, site_url):
