@@ -17,6 +17,7 @@ cached + reloaded + recomputed is exactly what one cache that never evicts would
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Iterable
 
 from .radix import RadixTree
@@ -39,6 +40,10 @@ class Served:
         return self.cached + self.reloaded + self.recomputed
 
 
+def _offload(offloaded: set, node) -> None:
+    offloaded.update(node.tokens)
+
+
 class TraceCache:
     """One GPU's prefix cache over hash ids: `capacity_blocks` blocks, evicted by `policy` (the radix tree's
     lru or lfu); with `offload`, every evicted block is kept in a tier of unlimited size."""
@@ -48,8 +53,14 @@ class TraceCache:
         self.block_size = block_size
         self.seen: set = set()                    # every block any request has computed
         self.offloaded: set = set()
-        if offload:
-            self.tree.on_evict = lambda node: self.offloaded.update(node.tokens)
+        if offload:                               # the set alone, not self: no cycle through the tree
+            self.tree.on_evict = functools.partial(_offload, self.offloaded)
+
+    def clear(self) -> None:
+        """Empty the cache (RadixTree.clear: why), offloaded tier and all."""
+        self.tree.clear()
+        self.seen.clear()
+        self.offloaded.clear()
 
     def serve(self, blocks: tuple, input_length: int) -> Served:
         tree, b = self.tree, self.block_size
@@ -79,4 +90,5 @@ def replay(requests: Iterable, capacity_blocks: int, policy: str = "lru", offloa
         if i % 2_000 == 0 and i:
             report(i / len(requests), f"replaying request {i:,} of {len(requests):,}")
         out.append(cache.serve(q.blocks, q.input_length))
+    cache.clear()
     return tuple(out)

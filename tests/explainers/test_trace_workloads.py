@@ -63,6 +63,22 @@ def test_a_four_block_cache_by_hand():
     assert sum(s.history for s in dropped) == sum(s.history for s in with_tier) == 4_608
 
 
+@pytest.mark.parametrize("offload", [False, True])
+def test_a_replay_leaves_no_garbage_in_cycles(offload):
+    """replay empties its cache when done, and the offload hook holds the tier's set, not the cache: its tree
+    is freed by reference counting, never left to the cycle collector (test_registry: why that matters)."""
+    import gc
+    reqs = [traces.Request(i, float(i), n, 10, ids, 0, i) for i, (ids, n) in enumerate(IN_ORDER)]
+    gc.collect()
+    gc.disable()
+    try:
+        served = replay(reqs, 4, "lru", offload)
+        left = gc.collect()
+    finally:
+        gc.enable()
+    assert [s.cached for s in served] == [0, 1_024, 1_024, 1_024] and left == 0
+
+
 def test_agent_sessions_on_the_tiny_trace_by_hand():
     """One H100's 863 blocks hold the whole trace: every history token is found; a request's time is the prefill
     of its new tokens after what it found (core.timing), and C, found whole, computes nothing."""
