@@ -195,8 +195,8 @@ def measure(p, base: str, slug: str, other: str, changes: int, profile: Path, wi
     # A reader's first change comes after reading for a moment: 1 s after ready, not within milliseconds.
     page.wait_for_timeout(1000)
     # Playwright's own helpers (its selector engine, its polling of a predicate) are compiled in the page on
-    # their first use, on the page's main thread, where they held up the first change's reply by 2-9 ms in two
-    # loads of three: run them once on something read-only, since a reader's page has no harness to pay for.
+    # their first use, on the page's main thread, where they held up the first change's reply (2.6-8.9 ms in four
+    # loads of six): run them once on something read-only, since a reader's page has no harness to pay for.
     page.locator(".bk-input-group input").first.input_value()
     page.wait_for_function("Number(document.documentElement.dataset.kvxApplied || 0) >= 0")
     trips, python = round_trips(page, slug, changes, pace)
