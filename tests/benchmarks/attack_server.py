@@ -344,7 +344,8 @@ async def run(a) -> dict:
     baseline = phases[0]["health_p99_ms"] or 1e-9
     for p in phases:
         p["health_p99_ratio"] = round((p["health_p99_ms"] or float("inf")) / baseline, 2)
-    return {"open_file_limit": 1024, "seconds_per_phase": s, "phases": phases, "server_log_bytes": log.stat().st_size,
+    return {"open_file_limit": 1024, "seconds_per_phase": s, "probe_every_s": PROBE_EVERY_S, "static_every": STATIC_EVERY,
+            "phases": phases, "server_log_bytes": log.stat().st_size,
             "errors": sum(len(p["errors"]) for p in phases),
             "worst_ratio": max(p["health_p99_ratio"] for p in phases[1:])}
 

@@ -104,6 +104,14 @@ def load_md(x: dict) -> list[str]:
                           f"peak memory (VmHWM) {x['server_peak_rss_mb']:.0f} MB."]
 
 
+def probes(x: dict) -> str:
+    """How the attack suite probed, as its report says (runs before 2026-12-02's fourth session probed both every
+    50 ms and did not say)."""
+    if "probe_every_s" not in x:
+        return "health and a static page probed every 50 ms"
+    return f"health probed every {1000 * x['probe_every_s']:g} ms, a static page every {x['static_every']}th time"
+
+
 def attack_md(x: dict) -> list[str]:
     from attack_server import table   # the attack suite's own table
     slow = next((p for p in x["phases"] if p["phase"] == "slow"), None)
@@ -111,7 +119,7 @@ def attack_md(x: dict) -> list[str]:
                                          f"closed by the server; its log grew {slow['log_growth_bytes']:,} bytes "
                                          f"meanwhile.")
     return [f"`kvx serve` on 127.0.0.1 under `ulimit -n {x['open_file_limit']}`, about {x['seconds_per_phase']:g} s a "
-            f"phase; health and a static page probed every 50 ms on fresh connections from a separate process. "
+            f"phase; {probes(x)} on fresh connections from a separate process. "
             f"Errors are answers other than 2xx, a 422 refusal or a 429/503 with Retry-After, and failed probes. "
             f"Peak RSS is the server and its job processes together.", "", table(x), "",
             f"Worst health p99 ÷ baseline: {x['worst_ratio']:.2f} (target at most 3); errors: {x['errors']} "
