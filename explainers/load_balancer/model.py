@@ -679,8 +679,8 @@ def run(p: LoadBalancerParams, router_key: str) -> Run:
 
 
 # Two changes' replays (four routers each), as ttfts and summary keep. Every replay kept is thousands of objects
-# that Python's cycle collector walks again and again: at 32 (eight changes) its longest pauses in the browser
-# were 20-40 ms, a few changes in twenty, and at 8 they were 4-9 ms.
+# that Python's cycle collector walks again and again: at 32 (eight changes) its longest pauses in Pyodide were
+# 20-40 ms, a few changes in twenty, and at 8 they were 4-9 ms.
 @functools.lru_cache(maxsize=8)
 def _run(p: LoadBalancerParams, router_key: str) -> Run:
     return simulate(p, BY_KEY[router_key], frozenset(frame_requests(len(workload(p).requests))))

@@ -188,7 +188,7 @@ _held: dict = {}
 
 def _drop_held() -> None:
     """Forget the held cache, emptying it first: a radix tree's nodes point both ways, and a dropped one left to
-    Python's cycle collector cost single pauses of 60-150 ms a few changes in eighty in the browser."""
+    Python's cycle collector cost single pauses of 60-150 ms a few changes in eighty (Pyodide, under Node)."""
     for held in _held.values():
         held[1].clear()
     _held.clear()

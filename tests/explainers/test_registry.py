@@ -100,7 +100,7 @@ SAMPLE_TRACE = Path(__file__).parents[2] / "explainers" / "load_balancer" / "sam
 def test_a_change_leaves_no_garbage_in_cycles(slug):
     """What a change drops is freed by reference counting alone, with nothing left in reference cycles for
     Python's cycle collector: its passes over dropped radix trees (nodes point to their parents and children)
-    took 60-150 ms of a change in the browser, a few changes in eighty, on the prefix-reuse page."""
+    took 60-150 ms of a change in Pyodide, a few changes in eighty, on the prefix-reuse page."""
     import gc
     from kvx.explainers.registry import warm_up_values
     changes = warm_up_values(slug)
