@@ -645,10 +645,11 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
             snaps[x] = _snapshot(fleet, shown, changed)
     while ends:                                       # the prefills still running after the last arrival
         finish(*heapq.heappop(ends))
+    out = Run(router.key, tuple(served), tuple(events), tuple(f.busy for f in fleet), tuple(queues), snaps,
+              tuple(f.tree.evicted for f in fleet), scores)
     for r in fleet:                                   # free the caches now, not in a cycle-collector pass
         r.tree.clear()
-    return Run(router.key, tuple(served), tuple(events), tuple(f.busy for f in fleet), tuple(queues), snaps,
-               tuple(f.tree.evicted for f in fleet), scores)
+    return out
 
 
 @functools.lru_cache(maxsize=16)
