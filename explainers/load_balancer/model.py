@@ -43,6 +43,10 @@ MAX_BLOCKS = 30_000                # prompt blocks of the synthetic trace: the w
 MAX_FRAMES = 200
 RING_POINTS = 64                   # virtual nodes per replica on the consistent-hashing ring
 QUEUE_SHOWN = 8                    # queued requests drawn per replica; the rest are counted
+# A replay keeps a running by-session tally of each cache (every block stored or evicted counted once) only when
+# it snapshots more arrivals than this; for fewer, each snapshot counts its tree (what it holds, once), which is
+# cheaper: a change of the page snapshots one arrival in three of its four replays.
+WALKED_TALLIES = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -507,15 +511,22 @@ class Run:
 _make = tuple.__new__
 
 
-def _snapshot(fleet: list[Replica], shown: list, changed: set) -> tuple:
+def _snapshot(fleet: list[Replica], shown: list, changed: set, owners: dict | None) -> tuple:
     """Every replica as it is now: a new Snapshot for those changed since the last one (`changed`, emptied
-    here), the same object for the rest (most replicas do not change between two arrivals)."""
+    here), the same object for the rest (most replicas do not change between two arrivals). Its tally is the
+    replica's running one, or counted from its tree now where `owners` is given (see WALKED_TALLIES)."""
     for i in changed:
         r = fleet[i]
-        shown[i] = _make(Snapshot, (dict(r.tally), (r.running.request.index,) if r.running else (), r.order,
+        tally = dict(r.tally) if owners is None else _tally_of(r.tree, owners)
+        shown[i] = _make(Snapshot, (tally, (r.running.request.index,) if r.running else (), r.order,
                                     r.started, r.routed, r.tree.size))
     changed.clear()
     return tuple(shown)
+
+
+def _tally_of(tree: RadixTree, owners: dict) -> dict:
+    """The blocks a tree caches, by owner: what the running tally holds, counted afresh."""
+    return dict(collections.Counter(owners.get(b, SHARED) for n in tree.nodes() for b in n.tokens))
 
 
 def _count(tally: dict, owners: dict, blocks) -> None:
@@ -524,6 +535,12 @@ def _count(tally: dict, owners: dict, blocks) -> None:
     for b in blocks:
         o = get(b, SHARED)
         tally[o] = tally.get(o, 0) + 1
+
+
+def _forget(cached: set, victim) -> None:
+    """A radix tree's on_evict where no tally is kept: the evicted leaf's blocks leave the replica's set of
+    cached ids."""
+    cached.difference_update(victim.tokens)
 
 
 def _uncount(tally: dict, owners: dict, cached: set | None, victim) -> None:
@@ -552,8 +569,12 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
     requests, size, owners = w.requests, p.block_size, w.owners
     fleet = [Replica(i, RadixTree(capacity_tokens(p) // size), w.chained) for i in range(p.replicas)]
     track_ids = w.chained and router.reads_load       # Replica.cached: only expected_blocks reads it
-    for r in fleet:                                   # keep each cache's blocks by owner as they come and go
-        r.tree.on_evict = functools.partial(_uncount, r.tally, owners, r.cached if track_ids else None)
+    walked = len(snapshot_at) <= WALKED_TALLIES       # count each snapshot's tally from its tree
+    for r in fleet:                                   # else keep each cache's blocks by owner as they come and go
+        if not walked:
+            r.tree.on_evict = functools.partial(_uncount, r.tally, owners, r.cached if track_ids else None)
+        elif track_ids:
+            r.tree.on_evict = functools.partial(_forget, r.cached)
     arrivals = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i))
     ends, counter = [], itertools.count()             # (end time, counter, replica): the prefills running
     served, events, queues, snaps, scores = [None] * len(requests), [], [], {}, {}
@@ -594,7 +615,8 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
         tree, done = r.tree, job.request
         held, stored = tree.store_matched(done.blocks, job.blocks, job.path)    # as start left it
         new_blocks = done.blocks[held:held + stored]
-        _count(r.tally, owners, new_blocks)
+        if not walked:
+            _count(r.tally, owners, new_blocks)
         if track_ids:
             r.cached.update(new_blocks)
         if reads_load:                                # only they ask what is on its way (expected_blocks)
@@ -642,7 +664,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
         depth[r.index] += 1
         queues.append(max(depth))
         if x in snapshot_at:
-            snaps[x] = _snapshot(fleet, shown, changed)
+            snaps[x] = _snapshot(fleet, shown, changed, owners if walked else None)
     while ends:                                       # the prefills still running after the last arrival
         finish(*heapq.heappop(ends))
     out = Run(router.key, tuple(served), tuple(events), tuple(f.busy for f in fleet), tuple(queues), snaps,
@@ -676,15 +698,30 @@ def replay_params(p: LoadBalancerParams, router_key: str) -> LoadBalancerParams:
 
 
 def run(p: LoadBalancerParams, router_key: str) -> Run:
-    return _run(replay_params(p, router_key), router_key)
+    """One router's replay, with snapshots where the page needs them when it opens: sticky's at every frame
+    (the animation opens on its busiest one, found from its queues), the others' at the opening frame's
+    request only. Their snapshots at every frame (17% of a replay, and their tallies another 11%, in Pyodide)
+    are replayed only when a reader moves the animation (frame_run)."""
+    q = replay_params(p, router_key)
+    stops = frame_requests(len(workload(p).requests))
+    return _run(q, router_key, frozenset(stops) if router_key == "sticky" else
+                frozenset((stops[opening_frame(p)],)))
+
+
+def frame_run(p: LoadBalancerParams, router_key: str, request: int) -> Run:
+    """One router's replay with a snapshot as `request` (one of frame_requests) has just been routed."""
+    r = run(p, router_key)
+    if request in r.snapshots:
+        return r
+    return _run(replay_params(p, router_key), router_key, frozenset(frame_requests(len(workload(p).requests))))
 
 
 # Two changes' replays (four routers each), as ttfts and summary keep. Every replay kept is thousands of objects
 # that Python's cycle collector walks again and again: at 32 (eight changes) its longest pauses in Pyodide were
 # 20-40 ms, a few changes in twenty, and at 8 they were 4-9 ms.
 @functools.lru_cache(maxsize=8)
-def _run(p: LoadBalancerParams, router_key: str) -> Run:
-    return simulate(p, BY_KEY[router_key], frozenset(frame_requests(len(workload(p).requests))))
+def _run(p: LoadBalancerParams, router_key: str, snapshot_at: frozenset) -> Run:
+    return simulate(p, BY_KEY[router_key], snapshot_at)
 
 
 # ---- the numbers -----------------------------------------------------------------------------------------
@@ -775,7 +812,7 @@ def frame_data(p: LoadBalancerParams, frame: int) -> dict:
     here = {"x0": [], "x1": [], "y": [], "text": [], "tx": []}
     parts = []
     for g, router in enumerate(ROUTERS):
-        r = run(p, router.key)
+        r = frame_run(p, router.key, k)
         snap = r.snapshots[k]
         for i, s in enumerate(snap):
             y, x = lane_y(p, g, i), 0

@@ -11,15 +11,16 @@ from pathlib import Path
 from urllib.parse import parse_qsl
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from kvx.explainers.core import traces
 from kvx.explainers.core.radix import RadixTree
 from kvx.explainers.core.params import ParamError
-from kvx.explainers.load_balancer.model import (BY_KEY, MAX_TRACE_REQUESTS, ROUTERS, SHARED, LoadBalancerParams as P,
-                                                 evaluate, frame_data, frame_requests, page_data, parse_trace,
-                                                 percentile, ring, run, session_turns, simulate, sticky_replica,
-                                                 synthetic_records, to_jsonl, workload)
+from kvx.explainers.load_balancer.model import (BY_KEY, MAX_TRACE_REQUESTS, ROUTERS, SHARED, WALKED_TALLIES,
+                                                 LoadBalancerParams as P, evaluate, frame_data, frame_requests,
+                                                 frame_run, page_data, parse_trace, percentile, ring, run,
+                                                 session_turns, simulate, sticky_replica, synthetic_records,
+                                                 to_jsonl, workload)
 from kvx.explainers.registry import page_json
 
 FOLDER = Path(__file__).parents[2] / "explainers" / "load_balancer"
@@ -295,6 +296,38 @@ params = st.builds(P, replicas=st.integers(1, 5), sessions=st.integers(1, 8), tu
                    arrival_rate=st.floats(0.5, 50), skew=st.floats(0, 2), capacity=st.integers(512, 8_000),
                    prefill_rate=st.integers(1_000, 50_000), load_weight=st.floats(0, 5),
                    block_size=st.sampled_from([16, 128, 512]), seed=st.integers(0, 100))
+
+
+@settings(max_examples=40, deadline=None)
+@given(params, st.data())
+def test_a_few_snapshots_count_their_tallies_as_the_running_tally_does(p, data):
+    """A replay that snapshots a few arrivals counts each snapshot's by-session tally from its tree
+    (WALKED_TALLIES); one that snapshots many keeps a running tally. They must agree, and the rest of the replay
+    must not depend on which."""
+    n = len(workload(p).requests)
+    assume(n > WALKED_TALLIES)
+    few = frozenset(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=3)))
+    for router in ROUTERS:
+        many, walked = simulate(p, router, frozenset(range(n))), simulate(p, router, few)
+        assert {k: many.snapshots[k] for k in few} == walked.snapshots
+        assert (many.served, many.busy, many.queue_at_arrival, many.evicted_blocks) == \
+            (walked.served, walked.busy, walked.queue_at_arrival, walked.evicted_blocks)
+
+
+def test_the_page_opens_on_the_frame_a_full_replay_draws():
+    """A change replays three routers with one snapshot (the opening frame's); scrubbing the animation replays
+    them with all. The opening frame must be the same drawn either way, and other frames must still come."""
+    p = P(sessions=24, seed=3)
+    opening = page_data(p)
+    f = opening["animation"]["frame"]
+    stops = frame_requests(len(workload(p).requests))
+    assert all(stops[f] in run(p, r.key).snapshots
+               and len(run(p, r.key).snapshots) == (len(stops) if r.key == "sticky" else 1) for r in ROUTERS)
+    g = f - 1 if f else f + 1                        # a frame the change did not snapshot: full replays
+    other = frame_data(p, g)
+    assert other["animation"]["frame"] == g and other["sources"]["cache"]["x0"]
+    for r in ROUTERS:                                # and those full replays hold the same opening frame
+        assert frame_run(p, r.key, stops[g]).snapshots[stops[f]] == run(p, r.key).snapshots[stops[f]]
 
 
 @settings(max_examples=60, deadline=None)
