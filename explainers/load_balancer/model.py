@@ -150,7 +150,14 @@ def prefill_seconds(p: LoadBalancerParams, new: int, cached: int) -> float:
     of the active parameters + causal attention to the cached prefix and the new tokens) at the given MFU."""
     if p.prefill_rate is not None:
         return new / p.prefill_rate
-    return timing.prefill_seconds(MODELS[p.model], GPUS[p.gpu], new, cached, gpus=p.gpus_per_replica, mfu=p.mfu)
+    return _modelled_prefill(p.model, p.gpu, p.gpus_per_replica, p.mfu, new, cached)
+
+
+# Kept across replays and changes: a synthetic trace's prompts have the same few lengths whatever its sessions
+# and seed, and each of the four routers' replays asks for about sixty of them.
+@functools.lru_cache(maxsize=4_096)
+def _modelled_prefill(model: str, gpu: str, gpus: int, mfu: float, new: int, cached: int) -> float:
+    return timing.prefill_seconds(MODELS[model], GPUS[gpu], new, cached, gpus=gpus, mfu=mfu)
 
 
 # ---- the workload: a Mooncake-format trace --------------------------------------------------------------
@@ -559,8 +566,10 @@ def _uncount(tally: dict, owners: dict, cached: set | None, victim) -> None:
 
 
 def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = frozenset(),
-             with_events: bool = False) -> Run:
-    """Replay the workload under one router. Events: arrivals and prefill ends, in time order; at equal times a
+             with_events: bool = False, peaks_at: frozenset = frozenset()) -> Run:
+    """Replay the workload under one router, with snapshots of the fleet as each request in `snapshot_at` has just
+    been routed, and as each in `peaks_at` has if the fleet's longest queue is then longer than at any earlier
+    one of them (the animation opens on the first at the longest: opening_frame). Events: arrivals and prefill ends, in time order; at equal times a
     prefill end comes first (so a replica that frees up at the moment a request arrives is seen as free), and
     equal events in the order they were made. Arrivals come in the trace's order, so only the prefill ends
     (at most one a replica) need a heap. The event log (Run.events) is kept only `with_events`: three tuples a
@@ -569,7 +578,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
     requests, size, owners = w.requests, p.block_size, w.owners
     fleet = [Replica(i, RadixTree(capacity_tokens(p) // size), w.chained) for i in range(p.replicas)]
     track_ids = w.chained and router.reads_load       # Replica.cached: only expected_blocks reads it
-    walked = len(snapshot_at) <= WALKED_TALLIES       # count each snapshot's tally from its tree
+    walked = len(snapshot_at) <= WALKED_TALLIES and not peaks_at     # count each snapshot's tally from its tree
     for r in fleet:                                   # else keep each cache's blocks by owner as they come and go
         if not walked:
             r.tree.on_evict = functools.partial(_uncount, r.tally, owners, r.cached if track_ids else None)
@@ -583,6 +592,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
     prefill_time: dict = {}                           # (new tokens, cached tokens) -> seconds
     cache_aware, reads_load, long_run = router.key == "cache_aware", router.reads_load, len(requests) > 5_000
     record = events.append
+    peak = -1                                         # the longest queue at a request of peaks_at so far
 
     def start(r: Replica, now: float) -> None:
         changed.add(r.index)
@@ -662,9 +672,12 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
         if r.running is None:
             start(r, now)
         depth[r.index] += 1
-        queues.append(max(depth))
-        if x in snapshot_at:
+        longest = max(depth)
+        queues.append(longest)
+        if x in snapshot_at or (longest > peak and x in peaks_at):
             snaps[x] = _snapshot(fleet, shown, changed, owners if walked else None)
+        if x in peaks_at:
+            peak = max(peak, longest)
     while ends:                                       # the prefills still running after the last arrival
         finish(*heapq.heappop(ends))
     out = Run(router.key, tuple(served), tuple(events), tuple(f.busy for f in fleet), tuple(queues), snaps,
@@ -698,14 +711,15 @@ def replay_params(p: LoadBalancerParams, router_key: str) -> LoadBalancerParams:
 
 
 def run(p: LoadBalancerParams, router_key: str) -> Run:
-    """One router's replay, with snapshots where the page needs them when it opens: sticky's at every frame
-    (the animation opens on its busiest one, found from its queues), the others' at the opening frame's
-    request only. Their snapshots at every frame (17% of a replay, and their tallies another 11%, in Pyodide)
-    are replayed only when a reader moves the animation (frame_run)."""
+    """One router's replay, with snapshots where the page needs them when it opens: sticky's at each frame where
+    its longest queue reaches a new high (the animation opens on the first at the highest), the others' at the
+    opening frame's request only. Snapshots at every frame (17% of a replay, and their tallies another 11%, in
+    Pyodide) are replayed only when a reader moves the animation (frame_run)."""
     q = replay_params(p, router_key)
     stops = frame_requests(len(workload(p).requests))
-    return _run(q, router_key, frozenset(stops) if router_key == "sticky" else
-                frozenset((stops[opening_frame(p)],)))
+    if router_key == "sticky":
+        return _run(q, router_key, frozenset(), frozenset(stops))
+    return _run(q, router_key, frozenset((stops[opening_frame(p)],)))
 
 
 def frame_run(p: LoadBalancerParams, router_key: str, request: int) -> Run:
@@ -720,8 +734,8 @@ def frame_run(p: LoadBalancerParams, router_key: str, request: int) -> Run:
 # that Python's cycle collector walks again and again: at 32 (eight changes) its longest pauses in Pyodide were
 # 20-40 ms, a few changes in twenty, and at 8 they were 4-9 ms.
 @functools.lru_cache(maxsize=8)
-def _run(p: LoadBalancerParams, router_key: str, snapshot_at: frozenset) -> Run:
-    return simulate(p, BY_KEY[router_key], snapshot_at)
+def _run(p: LoadBalancerParams, router_key: str, snapshot_at: frozenset, peaks_at: frozenset = frozenset()) -> Run:
+    return simulate(p, BY_KEY[router_key], snapshot_at, peaks_at=peaks_at)
 
 
 # ---- the numbers -----------------------------------------------------------------------------------------
