@@ -4,7 +4,8 @@
 // The snapshot is Python's heap after start-up with every model module imported and every page evaluated
 // once at its defaults, so a page skips the interpreter's initialisation, the imports and the cold first
 // run (cache-renting's first evaluation 215 -> 9 ms, eviction's 546 -> 11 ms, in Node). Pyodide keeps the
-// file system outside that heap, so the worker still unpacks the wheel after restoring (for imports done later, and for baked.json). No
+// file system outside that heap, so the worker still unpacks the wheel after restoring, once it has said it
+// is ready (the pages need no file then: every model is imported and every baked.json read). No
 // JavaScript object may be held by Python when the heap is taken (Pyodide cannot carry it over), so the
 // worker's hooks into JavaScript (traces.progress) are set after restoring, not here.
 import { readFileSync, writeFileSync } from "node:fs";

@@ -13,6 +13,7 @@
 let pageJson = null;
 let warmUpValues = () => [];
 let starting = null;
+let unpacked = null;         // the model wheel's files in site-packages (after "ready" when restored from the snapshot)
 let current = null;          // the id of the request Python is working on
 let stopped = null;          // what stopped the warm-up: a "hold" (the reader touched the page) or a "run"
 // The warm-up's budget after ready (registry.WARM_UP_RUNS: why). A real change stops it, waiting for one
@@ -34,10 +35,11 @@ self.kvxProgress = (share, text) => self.postMessage({ type: "progress", id: cur
 
 // The model wheel is fetched while Pyodide core loads (not after it), then unzipped into
 // site-packages with the standard library: it is pure Python, so that is all installing it takes.
-const INSTALL = `
+const UNPACK = `
 import importlib, site, zipfile
 zipfile.ZipFile("/tmp/kvx_models.whl").extractall(site.getsitepackages()[0])
-importlib.invalidate_caches()
+importlib.invalidate_caches()`;
+const HOOK = `
 from kvx.explainers.registry import page_json, warm_up_values
 import js
 from kvx.explainers.core import traces
@@ -81,8 +83,19 @@ async function start(wheelURL, pyodideURL, snapshotURL) {
   await drawn;
   const t0 = performance.now();
   const { pyodide, from } = await boot(loadPyodide, pyodideURL, snapshot);
-  pyodide.FS.writeFile("/tmp/kvx_models.whl", new Uint8Array(await wheel));
-  pageJson = pyodide.runPython(INSTALL);
+  const unpack = async () => {
+    pyodide.FS.writeFile("/tmp/kvx_models.whl", new Uint8Array(await wheel));
+    pyodide.runPython(UNPACK);
+  };
+  // Restored from the snapshot, every model is imported and every page has run once (site/snapshot.mjs), so
+  // Python can answer at once: the files (for anything imported or read later) are unpacked after "ready",
+  // which came 60-90 ms sooner. Booted, the models are imported from them, so they come first.
+  if (from === "snapshot") {
+    unpacked = yieldToEvents().then(unpack).catch((err) => console.warn(`kvx: the model files (${err.message})`));
+  } else {
+    await unpack();
+  }
+  pageJson = pyodide.runPython(HOOK);
   const values = pyodide.globals.get("warm_up_values");
   warmUpValues = (slug) => {
     const list = values(slug);
@@ -109,6 +122,7 @@ self.onmessage = async (event) => {
     // evaluations at other values (registry.warm_up_values: why), one task each, so a real change that
     // comes meanwhile waits for one evaluation at most, and none after it.
     await starting;
+    await unpacked;
     const changes = warmUpValues(msg.slug);
     let runs = 0;                              // evaluations at other values
     try {
@@ -132,6 +146,7 @@ self.onmessage = async (event) => {
   } else if (msg.type === "run") {
     stopped = stopped || "run";
     await starting;
+    await unpacked;
     // page_json never raises: a bad value comes back as {ok: false, field, message}. What can still
     // fail is Pyodide itself (out of memory, a fatal error): the page then replaces this worker.
     const t0 = performance.now();
