@@ -96,11 +96,11 @@ class RadixTree:
                 break
             child.last_access = now                  # before a split: the tail counts as used too
             edge = child.tokens
-            run = len(edge)
+            run = whole = len(edge)
             if tokens[matched:matched + run] != edge:    # the usual case, the whole edge, without a call
                 run = common_prefix(edge, tokens, matched)
             matched += run
-            if run < len(edge):
+            if run < whole:
                 self._refile(child)                  # the tail may be a leaf whose key just changed
                 path.append(self._split(child, run))
                 break
@@ -186,7 +186,9 @@ class RadixTree:
             node.children[rest[0]] = leaf
             self.size += len(rest)
             self._refile(leaf)
-        self._refile(node)
+            self._evictable.discard(node)            # what _refile(node) does to a node with a child
+        else:
+            self._refile(node)
         return matched, len(rest)
 
     def leaves(self) -> list[Node]:
