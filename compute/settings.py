@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from limits import parse as parse_rate
+from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -25,9 +27,22 @@ class Settings(BaseSettings):
     explainer_workers: int = 2              # uncached explainer evaluations that run at once, each in a process
     explainer_queue: int = 6                # evaluations that may wait; more get 503 with Retry-After
     explainer_per_client: int = 4           # places one client address may hold; more get 429
+    explainer_rate_per_client: str = "20/second"   # new (uncached) evaluations one client address may ask for, in
+    #                                                the `limits` notation ("20/second", "600/minute"); more get 429
     explainer_time_limit_s: float = 10.0    # an evaluation running longer is killed (422: ask for less)
     explainer_queue_seconds: float = 40.0   # estimated seconds of evaluations queued and running, at most
     explainer_wait_s: float = 25.0          # a request waits at most this for its answer, then 503 + Retry-After
     job_memory_bytes: int | None = -1       # address space one job may add (-1: half the memory free at start)
     job_start: Literal["fork", "spawn"] | None = None   # how kernel job processes start (None: spawn on CUDA, else fork)
     cache_bytes: int = 32 * 2 ** 20         # each result cache (explainers, kernels) holds at most this (JSON bytes)
+
+    @field_validator("explainer_rate_per_client")
+    @classmethod
+    def _a_rate(cls, value: str) -> str:
+        """Refused at start-up in a sentence, not at the first request."""
+        try:
+            parse_rate(value)
+        except ValueError:
+            raise ValueError(f"explainer_rate_per_client must be a rate such as '20/second' or '600/minute'; "
+                             f"got {value!r}.") from None
+        return value

@@ -9,14 +9,20 @@ cost nothing and never leave the event loop.
 An answer that is not cached is a job (kvx.compute.jobs): it runs in a process of its own, so a slow
 model never holds a thread or the GIL that health checks, static files and cached answers need. Each
 has a cost estimate (the slowest of that model's recent runs), a time limit and a bounded queue; past
-them the answer is 503 with Retry-After (busy), 429 (this client holds its share) or 422 (this request
-ran past the limit: ask for less). A model that raises on valid input is a 422 naming the exception,
+them the answer is 503 with Retry-After (busy), 429 (this client holds its share, or has asked for more new
+answers than its rate) or 422 (this request ran past the limit: ask for less). A model that raises on valid input is a 422 naming the exception,
 never a 500: the request cannot be answered, and the server and the connection carry on.
 """
 
 import collections
 import hashlib
+import math
+import time
 from typing import Optional, Union
+
+from limits import parse as parse_rate
+from limits.storage import MemoryStorage
+from limits.strategies import MovingWindowRateLimiter
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse
@@ -80,6 +86,32 @@ def evaluations(request_or_app) -> JobRunner:
     return state.evaluations
 
 
+class NewEvaluations:
+    """How many new (uncached) evaluations each client address has asked for lately: at most
+    `explainer_rate_per_client` in a moving window. Cached answers are not counted: they cost the server no job.
+    A client asking for distinct answers as fast as it can kept the server's one event loop busy with them (8
+    at a time, about 500 a second) and a health check waited behind them."""
+
+    def __init__(self, rate: str):
+        self.rate = parse_rate(rate)
+        self.limiter = MovingWindowRateLimiter(MemoryStorage())
+
+    def wait_s(self, client: str | None) -> int:
+        """0 if this client may have another new evaluation now (it is counted), else the whole seconds until
+        it may."""
+        if self.limiter.hit(self.rate, "new-evaluations", client or "unknown"):
+            return 0
+        reset = self.limiter.get_window_stats(self.rate, "new-evaluations", client or "unknown").reset_time
+        return max(1, math.ceil(reset - time.time()))
+
+
+def new_evaluations(request: Request) -> NewEvaluations:
+    state = request.app.state
+    if getattr(state, "new_evaluations", None) is None:
+        state.new_evaluations = NewEvaluations(state.settings.explainer_rate_per_client)
+    return state.new_evaluations
+
+
 def trace_evaluations(request: Request) -> JobRunner:
     """Evaluations of an uploaded trace: one at a time, each with the longer time limit a big trace needs."""
     state = request.app.state
@@ -96,8 +128,8 @@ def unprocessable(field: str, message: str, kind: str = "value_error") -> JSONRe
                                                               "msg": message, "type": kind}]})
 
 
-def busy(status: int, detail: str) -> JSONResponse:
-    return JSONResponse(status_code=status, headers={"Retry-After": str(RETRY_AFTER_S)}, content={"detail": detail})
+def busy(status: int, detail: str, retry_after_s: int = RETRY_AFTER_S) -> JSONResponse:
+    return JSONResponse(status_code=status, headers={"Retry-After": str(retry_after_s)}, content={"detail": detail})
 
 
 def _evaluate(slug: str, values: dict, progress) -> dict:
@@ -157,9 +189,14 @@ def _add_route(e: Explainer) -> None:
         if hit is not None:
             return _answer(e.slug, hit)
         settings, costs = request.app.state.settings, request.app.state.explainer_costs
+        client = request.client.host if request.client else None
+        wait_s = new_evaluations(request).wait_s(client)
+        if wait_s:
+            return busy(429, f"You have asked this server for more than {settings.explainer_rate_per_client} "
+                             f"evaluations it had not already answered; try again in {wait_s} s. (Answers it "
+                             f"has given before are not limited.)", wait_s)
         try:
-            job = jobs.submit(e.slug, values, _evaluate_in_job(e.slug, data),
-                              client=request.client.host if request.client else None, cost=costs(e.slug))
+            job = jobs.submit(e.slug, values, _evaluate_in_job(e.slug, data), client=client, cost=costs(e.slug))
         except QueueFull:
             return busy(503, "The server is busy evaluating other models; try again in a few seconds.")
         except ClientBusy:
@@ -181,8 +218,9 @@ def _add_route(e: Explainer) -> None:
                          responses={413: {"description": "The request body is over the server's limit."},
                                     422: {"description": "A bad value (a sentence naming the field), a request that "
                                                          "ran past the time limit, or a model that failed on it."},
-                                    429: {"description": "This client already holds its share of the queue "
-                                                         "(with Retry-After)."},
+                                    429: {"description": "This client already holds its share of the queue, or "
+                                                         "has asked for too many new evaluations lately (with "
+                                                         "Retry-After)."},
                                     503: {"description": "Busy, or out of memory (with Retry-After)."}})
 
 

@@ -115,3 +115,27 @@ def test_without_pytorch_the_kernels_say_so(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", real_import)
     r = TestClient(app).post("/api/v1/kernels/mla", json={})
     assert r.status_code == 503 and "need PyTorch (No module named 'torch')" in r.json()["detail"]
+
+
+def test_one_client_gets_a_rate_of_new_evaluations_then_a_429_with_retry_after(tmp_path):
+    """The fill attack (tests/benchmarks/attack_server.py): one address asking for distinct answers as fast as
+    it can. Past its rate, a 429 with Retry-After, in a sentence naming the rate; answers already given are not
+    limited, and another address is not held back."""
+    app = create_app(Settings(site_dir=tmp_path / "missing", explainer_rate_per_client="3/minute"))
+    one, other = TestClient(app, client=("10.0.0.1", 50000)), TestClient(app, client=("10.0.0.2", 50000))
+    url = "/api/v1/explainers/cache-renting"
+    assert [one.post(url, json={"context": 1000 + n}).status_code for n in range(3)] == [200, 200, 200]
+    r = one.post(url, json={"context": 5000})
+    assert r.status_code == 429 and 1 <= int(r.headers["retry-after"]) <= 60
+    assert r.json() == {"detail": f"You have asked this server for more than 3/minute evaluations it had not "
+                                  f"already answered; try again in {r.headers['retry-after']} s. (Answers it has "
+                                  f"given before are not limited.)"}
+    assert one.post(url, json={"context": 1001}).status_code == 200           # given before: cached, not counted
+    assert other.post(url, json={"context": 5000}).status_code == 200
+
+
+def test_a_rate_that_is_not_one_is_refused_at_start_in_a_sentence():
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError, match="explainer_rate_per_client must be a rate such as '20/second' or "
+                                              "'600/minute'; got 'fast'."):
+        Settings(explainer_rate_per_client="fast")

@@ -193,7 +193,10 @@ def client(tmp_path_factory):
 
     from kvx.compute.app import create_app
     from kvx.compute.settings import Settings
-    with TestClient(create_app(Settings(site_dir=tmp_path_factory.mktemp("nosite") / "missing"))) as c:
+    # Hundreds of distinct evaluations in a few seconds from one address: past the server's default rate of new
+    # evaluations (tests/compute/test_api.py checks that 429), which is not what these tests are about.
+    settings = Settings(site_dir=tmp_path_factory.mktemp("nosite") / "missing", explainer_rate_per_client="1000/second")
+    with TestClient(create_app(settings)) as c:
         yield c
 
 
