@@ -10,8 +10,9 @@ An answer that is not cached is a job (kvx.compute.jobs): it runs in a process o
 model never holds a thread or the GIL that health checks, static files and cached answers need. Each
 has a cost estimate (the slowest of that model's recent runs), a time limit and a bounded queue; past
 them the answer is 503 with Retry-After (busy), 429 (this client holds its share, or has asked for more new
-answers than its rate) or 422 (this request ran past the limit: ask for less). A model that raises on valid input is a 422 naming the exception,
-never a 500: the request cannot be answered, and the server and the connection carry on.
+answers than its rate) or 422 (this request ran past the limit: ask for less). A model that raises on valid
+input is a 422 naming the exception, never a 500: the request cannot be answered, and the server and the
+connection carry on.
 """
 
 import collections

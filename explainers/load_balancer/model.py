@@ -569,11 +569,13 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
              with_events: bool = False, peaks_at: frozenset = frozenset()) -> Run:
     """Replay the workload under one router, with snapshots of the fleet as each request in `snapshot_at` has just
     been routed, and as each in `peaks_at` has if the fleet's longest queue is then longer than at any earlier
-    one of them (the animation opens on the first at the longest: opening_frame). Events: arrivals and prefill ends, in time order; at equal times a
-    prefill end comes first (so a replica that frees up at the moment a request arrives is seen as free), and
-    equal events in the order they were made. Arrivals come in the trace's order, so only the prefill ends
-    (at most one a replica) need a heap. The event log (Run.events) is kept only `with_events`: three tuples a
-    request, which a change of the page would make for all four routers and never read."""
+    one of them (the animation opens on the first at the longest: opening_frame).
+
+    Events: arrivals and prefill ends, in time order; at equal times a prefill end comes first (so a replica that
+    frees up at the moment a request arrives is seen as free), and equal events in the order they were made.
+    Arrivals come in the trace's order, so only the prefill ends (at most one a replica) need a heap. The event
+    log (Run.events) is kept only `with_events`: three tuples a request, which a change of the page would make for
+    all four routers and never read."""
     w = workload(p)
     requests, size, owners = w.requests, p.block_size, w.owners
     fleet = [Replica(i, RadixTree(capacity_tokens(p) // size), w.chained) for i in range(p.replicas)]
