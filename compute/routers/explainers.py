@@ -100,9 +100,10 @@ class NewEvaluations:
     def wait_s(self, client: str | None) -> int:
         """0 if this client may have another new evaluation now (it is counted), else the whole seconds until
         it may."""
-        if self.limiter.hit(self.rate, "new-evaluations", client or "unknown"):
+        key = client or "unknown"
+        if self.limiter.hit(self.rate, "new-evaluations", key):
             return 0
-        reset = self.limiter.get_window_stats(self.rate, "new-evaluations", client or "unknown").reset_time
+        reset = self.limiter.get_window_stats(self.rate, "new-evaluations", key).reset_time
         return max(1, math.ceil(reset - time.time()))
 
 

@@ -533,7 +533,9 @@ def _snapshot(fleet: list[Replica], shown: list, changed: set, owners: dict | No
 
 def _tally_of(tree: RadixTree, owners: dict) -> dict:
     """The blocks a tree caches, by owner: what the running tally holds, counted afresh."""
-    return dict(collections.Counter(owners.get(b, SHARED) for n in tree.nodes() for b in n.tokens))
+    tally: dict = {}
+    _count(tally, owners, (b for n in tree.nodes() for b in n.tokens))
+    return tally
 
 
 def _count(tally: dict, owners: dict, blocks) -> None:
@@ -554,7 +556,7 @@ def _uncount(tally: dict, owners: dict, cached: set | None, victim) -> None:
     """A radix tree's on_evict: the evicted leaf's blocks leave the tally (and the replica's set of cached ids,
     where it keeps one)."""
     if cached is not None:
-        cached.difference_update(victim.tokens)
+        _forget(cached, victim)
     get = owners.get
     for b in victim.tokens:
         o = get(b, SHARED)
@@ -676,10 +678,11 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
         depth[r.index] += 1
         longest = max(depth)
         queues.append(longest)
-        if x in snapshot_at or (longest > peak and x in peaks_at):
+        new_high = longest > peak and x in peaks_at
+        if new_high:
+            peak = longest
+        if new_high or x in snapshot_at:
             snaps[x] = _snapshot(fleet, shown, changed, owners if walked else None)
-        if x in peaks_at:
-            peak = max(peak, longest)
     while ends:                                       # the prefills still running after the last arrival
         finish(*heapq.heappop(ends))
     out = Run(router.key, tuple(served), tuple(events), tuple(f.busy for f in fleet), tuple(queues), snaps,
