@@ -10,11 +10,12 @@ that it still matches, so it is never typed in by hand.
 from __future__ import annotations
 
 import json
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 
 FILE = "baked.json"
 _overrides: dict[str, dict] = {}        # the site build's fresh results, which win over the committed copy
+_derived: list = []                     # caches of results computed from the data, emptied when it is replaced
 
 
 def package(slug: str) -> str:
@@ -24,6 +25,18 @@ def package(slug: str) -> str:
 def override(slug: str, data: dict) -> None:
     _overrides[slug] = data
     _committed.cache_clear()
+    for derived_cache in _derived:
+        derived_cache.cache_clear()
+
+
+def derived(maxsize: int | None):
+    """An lru_cache for a function of baked data (a page's arrangement of it), emptied whenever override()
+    replaces the data, so a cached answer never outlives the numbers it came from."""
+    def wrap(fn):
+        cached = lru_cache(maxsize=maxsize)(fn)
+        _derived.append(cached)
+        return cached
+    return wrap
 
 
 @cache

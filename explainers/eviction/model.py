@@ -160,6 +160,7 @@ def provenance_label() -> str:
 
 
 # ---- what the page draws --------------------------------------------------------------------------------
+@baked.derived(maxsize=1)
 def curves() -> dict:
     d = data()
     out = {"budget": budget_percents()}
@@ -170,6 +171,7 @@ def curves() -> dict:
     return out
 
 
+@baked.derived(maxsize=LAYERS)
 def attention_cells(layer: int) -> dict:
     """The layer's binned attention map (lower triangle) as rectangles: centre, size, mass."""
     d = data()["shown"]
@@ -219,6 +221,7 @@ def received(p: EvictionParams, kept: list[bool]) -> dict:
             "state": ["kept" if k else "evicted" for k in kept], "char": list(d["chars"][:len(mass)])}
 
 
+@baked.derived(maxsize=1)
 def sinks_source() -> dict:
     s = data()["sinks"]
     return {"layer": [f"layer {x['layer']}" for x in s],
@@ -228,10 +231,30 @@ def sinks_source() -> dict:
 
 
 def page_data(p: EvictionParams) -> dict:
-    d = data()
     r = evaluate(p)
-    i = snapped(p.budget)
-    kept = kept_mask(p.policy, i, p.layer, p.kv_head)
+    at, sources, summaries_ = _drawn(p.policy, snapped(p.budget), p.layer, p.kv_head)
+    return {
+        **at,
+        "sources": sources,
+        "ranges": {},
+        "formula": formula(p, r),
+        "readouts": readouts(p, r),
+        "notes": notes(p, r),
+        "texts": {**at["texts"], "findings": findings(p), "provenance": provenance_html(),
+                  "rule": rule_text(p), **summaries_},
+        "run": {"kernel": "eviction", "request": run_request(p)},
+    }
+
+
+# What the plots draw depends on the policy, the snapped budget, the layer and the KV head only, 336 states in
+# all: kept for the states a reader goes back to (a budget slider moves between six), as the decode frames are.
+@baked.derived(maxsize=32)
+def _drawn(policy: str, i: int, layer: int, kv_head: int) -> tuple[dict, dict, dict]:
+    """The opening frame, the page's sources and their summaries in words."""
+    d = data()
+    p = EvictionParams(policy=policy, budget=budget_percents()[i], layer=layer, kv_head=kv_head)
+    r = evaluate(p)
+    kept = kept_mask(policy, i, layer, kv_head)
     seq_len = d["config"]["seq_len"]
     at = frame_data(p, frames() - 1)            # open on the whole run; reset steps from the cut
     here = {"budget": [r["budget_percent"]], "loss": [r["text_loss_bits"]], "top1": [r["text_top1"]],
@@ -252,17 +275,7 @@ def page_data(p: EvictionParams) -> dict:
         "received": received(p, kept),
         "sinks": sinks_source(),
     }
-    return {
-        **at,
-        "sources": sources,
-        "ranges": {},
-        "formula": formula(p, r),
-        "readouts": readouts(p, r),
-        "notes": notes(p, r),
-        "texts": {**at["texts"], "findings": findings(p), "provenance": provenance_html(),
-                  "rule": rule_text(p), **plot_summaries(sources, p.layer)},
-        "run": {"kernel": "eviction", "request": run_request(p)},
-    }
+    return at, sources, plot_summaries(sources, layer)
 
 
 def plot_summaries(sources: dict, layer: int) -> dict:
@@ -371,9 +384,14 @@ def _char(ch: str) -> str:
 
 def frame_data(p: EvictionParams, frame: int) -> dict:
     """Frame k: the cache after decode step k (k = 0: the cut at the end of the prompt)."""
+    return _frame(p.policy, p.layer, p.kv_head, max(0, min(frames() - 1, int(frame))))
+
+
+@baked.derived(maxsize=256)          # a reader steps back and forth through a policy's frames: about 10 KB each
+def _frame(policy: str, layer: int, kv_head: int, k: int) -> dict:
+    p = EvictionParams(policy=policy, layer=layer, kv_head=kv_head)
     dec = data()["decode"]
     prompt, length = dec["prompt"], dec["length"]
-    k = max(0, min(frames() - 1, int(frame)))
     st = decode_state(p.policy, p.layer, p.kv_head)
     life = {"left": [], "right": [], "bottom": [], "top": [], "state": []}
     for j in range(length):

@@ -77,6 +77,32 @@ def test_curves_are_the_baked_sweep():
     assert ref["loss"] == [D["text"]["full_loss_bits"]] * 2 == [D["text"]["results"]["full"]["loss_bits"][0]] * 2
 
 
+def test_drawn_states_are_kept_but_never_outlive_the_baked_data():
+    """page_data keeps what it draws per (policy, budget, layer, KV head); a re-bake (the site build's
+    baked.override) must empty those caches, or the page would draw the old numbers."""
+    import copy
+    from kvx.explainers.core import baked
+    first = m.page_data(P())
+    assert m.page_data(P(budget=21.5))["sources"] == first["sources"]        # snapped to 20%: the same state
+    fresh = copy.deepcopy(D)
+    fresh["text"]["results"]["h2o"]["loss_bits"][0] = 9.875
+    fresh["shown"]["map"][1][0] = 0.5
+    fresh["decode"]["policies"]["h2o"]["loss_bits"][0] += 1.0
+    try:
+        baked.override(m.SLUG, fresh)
+        d = m.page_data(P())
+        assert d["sources"]["curve"]["loss_h2o"][0] == 9.875
+        assert d["sources"]["map"]["mass"][0] == 0.5
+        assert d["sources"]["steploss"]["policy"][0] == first["sources"]["steploss"]["policy"][0] + 1.0
+        assert m.frame_data(P(), 1)["sources"]["steploss"]["policy"][0] == d["sources"]["steploss"]["policy"][0]
+    finally:
+        baked._overrides.pop(m.SLUG, None)
+        for cached in baked._derived:
+            cached.cache_clear()
+        baked._committed.cache_clear()
+    assert m.page_data(P())["sources"] == first["sources"]
+
+
 def test_budget_100_is_the_full_cache():
     full_t, full_r = D["text"]["results"]["full"], D["recall"]["results"]["full"]
     i = idx(100)
