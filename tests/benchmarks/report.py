@@ -28,9 +28,9 @@ def pages_md(b: dict) -> list[str]:
              f"right before each page; median {b['baseline_py_ready_ms']:,} ms in this run{subset}. Each page "
              f"is loaded in its own fresh persistent profile; bytes are counted at the server (compressed as "
              f"sent, cache hits 0). Round trips: {pace}; Python's part is the model's time in the worker.", "",
-             "| page | first plot | Python ready, cold (× its baseline) | boot | first change 1 s after ready (cold; "
-             "after a reload) / the rest, median | round trip p50 / p95 | Python p50 / p95 | first visit on the wire | reload "
-             "| second page |",
+             "| page | first plot | Python ready, cold (× its baseline: median over the cold loads) | boot | first "
+             "change 1 s after ready (cold, median over the cold loads; after a reload) / the rest, median | round trip "
+             "p50 / p95 | Python p50 / p95 | first visit on the wire | reload | second page |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for slug, r in b["pages"].items():
         w = r["wire_bytes"]
