@@ -219,3 +219,48 @@ def test_a_readers_first_touch_ends_the_warm_up(offline_page, site_url):
     page.wait_for_selector("html[data-kvx-warm-up]", state="attached", timeout=READY_MS)
     spent = page.evaluate("document.documentElement.dataset.kvxWarmUp")
     assert spent.endswith("ended by budget") and int(spent.split(" ms")[0].split()[-1]) >= 4000, spent
+
+
+LATER_STATE = """() => { const figs = [...Bokeh.documents[0].all_models].filter((m) => (m.tags || []).includes('kvx:later'));
+    const box = document.querySelector('[data-kvx-text="decode_text"]');
+    // A range a hidden figure computed with nothing drawn stays at ±Infinity (the sinks' bars did: it is drawn at once)
+    const broken = figs.filter((m) => ![m.y_range.start, m.y_range.end].every(Number.isFinite)).map((m) => m.name);
+    return { later: figs.length, hidden: figs.filter((m) => !m.visible).length, broken,
+             below: box.getBoundingClientRect().top + window.scrollY }; }"""
+
+
+def test_figures_below_the_first_screen_come_after_the_first_plot_in_their_place(offline_page, site_url):
+    """Eviction's figures below its map (widgets.later) are hidden when its first plot is drawn, so BokehJS
+    draws less before Python starts; once Python is ready every one is drawn ("data-kvx-complete"), and what
+    is below them has not moved. Without Python (its files refused) they come after 3 s all the same."""
+    page = offline_page
+    page.goto(f"{site_url}/eviction.html")
+    page.wait_for_selector("html[data-kvx-drawn]", state="attached", timeout=READY_MS)
+    first = page.evaluate(LATER_STATE)
+    assert first["later"] == 7 and first["hidden"] >= 1, first     # revealed one a frame, after Python is ready
+    page.wait_for_selector("html[data-kvx-complete]", state="attached", timeout=READY_MS)
+    assert page.evaluate("document.documentElement.hasAttribute('data-py-ready')")
+    done = page.evaluate(LATER_STATE)
+    assert done["hidden"] == 0 and abs(done["below"] - first["below"]) <= 2, (first, done)
+    page.wait_for_timeout(300)                                   # the last one's frame
+    assert page.evaluate(LATER_STATE)["broken"] == [], "a figure drawn later has no range: it drew nothing"
+    heights = page.evaluate("""() => [...document.querySelectorAll('.kvx-root[style*="min-height"]')].map(
+        (el) => [el.getBoundingClientRect().height, parseFloat(el.style.minHeight)])""")
+    assert len(heights) == 7 and all(h >= want - 1 for h, want in heights), heights   # drawn, at full height
+
+    page.context.route("**/*.snapshot", lambda route: route.abort())
+    page.context.route("**/pyodide.asm.wasm", lambda route: route.abort())
+    page.goto(f"{site_url}/eviction.html")
+    page.wait_for_selector("html[data-kvx-drawn]", state="attached", timeout=READY_MS)
+    t0 = time.monotonic()
+    page.wait_for_selector("html[data-kvx-complete]", state="attached", timeout=10_000)
+    assert time.monotonic() - t0 < 6 and page.evaluate(LATER_STATE)["hidden"] == 0
+    assert not page.evaluate("document.documentElement.hasAttribute('data-py-ready')")
+    page.errors[:] = [e for e in page.errors if e != "Failed to fetch"]     # the refused files, on purpose
+
+
+def test_a_page_without_later_figures_is_complete_once_drawn(offline_page, site_url):
+    page = offline_page
+    page.goto(f"{site_url}/cache-renting.html")
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+    page.wait_for_selector("html[data-kvx-complete]", state="attached", timeout=5_000)
