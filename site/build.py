@@ -106,9 +106,7 @@ def render_explainer(env: jinja2.Environment, e: Explainer, bokeh_js: list[str],
     data = e.page_data(params)
     bake_measurement(e, params, data)
     view = importlib.import_module(f"kvx.explainers.{e.slug.replace('-', '_')}.view")
-    layout = widgets.calm_plots(view.layout(e.params, params.as_dict(), data))
-    widgets.hide_later(layout)
-    script, div = embed(layout, data.get("texts", {}))
+    script, div = embed(widgets.calm_plots(view.layout(e.params, params.as_dict(), data)), data.get("texts", {}))
     config = {
         "slug": e.slug,
         "defaults": params.as_dict(),

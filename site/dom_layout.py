@@ -20,7 +20,6 @@ from bokeh.embed import components
 from bokeh.models import Column, Div, Row
 
 CAPTION = "anim:caption"
-LATER = "kvx:later"          # a figure the page draws after its first plot (widgets.later)
 STRETCH = {"stretch_width", "stretch_both", "scale_width", "scale_both"}
 
 
@@ -72,9 +71,7 @@ def _html(model, roots: dict, texts: dict, top: bool = False) -> str:
         return f'<div class="kvx-static {_flex(model)}" style="{_style(model)}">{model.text}</div>'
     key = f"root{len(roots)}"
     roots[key] = model
-    # A figure drawn later (widgets.later) keeps its place, so the page below it does not move when it comes.
-    held = f' style="min-height:{model.height}px"' if LATER in model.tags and not model.visible else ""
-    return f'<div class="kvx-root {_flex(model)}"{held}>\x00{key}\x00</div>'
+    return f'<div class="kvx-root {_flex(model)}">\x00{key}\x00</div>'
 
 
 def embed(layout, texts: dict[str, str]) -> tuple[str, str]:

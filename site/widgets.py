@@ -11,7 +11,6 @@ import re
 from bokeh.models import (AutocompleteInput, Button, ColumnDataSource, CustomJS, Div, FileInput, InlineStyleSheet,
                           Select, Slider, TextInput)
 from bokeh.layouts import column, row
-from kvx.site.dom_layout import LATER          # the tag of a figure drawn after the first plot
 
 SPEEDS = ["0.5×", "1×", "2×", "4×", "8×"]
 # Bokeh draws widgets in shadow DOM at 13px; projectors and tired eyes want larger type.
@@ -229,24 +228,6 @@ def calm_plots(layout):
         if title and not plot.html_attributes.get("aria-label"):
             plot.html_attributes = {**plot.html_attributes, "role": "img", "aria-label": title}
     return layout
-
-
-def later(*figs):
-    """Figures below the first screen of a page with many: the built page hides them (hide_later) and its
-    runtime draws them once Python is ready, the reader scrolls, or 3 s have passed (static/kvx-page.js,
-    revealLater), so neither the first plot nor Python's start waits for them. In a notebook they are drawn
-    at once."""
-    for fig in figs:
-        fig.tags = [*fig.tags, LATER]
-    return figs
-
-
-def hide_later(layout) -> None:
-    """For the static page: the figures marked `later` start hidden."""
-    from bokeh.models import Plot
-    for plot in layout.select({"type": Plot}):
-        if LATER in plot.tags:
-            plot.visible = False
 
 
 def readable_figure(fig):

@@ -549,7 +549,6 @@ function startWorker() {
       drawn.then(() => {
         html.dataset.pyReadyMs = String(Math.round(performance.now()));   // since navigation start
         html.setAttribute("data-py-ready", "");
-        revealLater();
       });
       state.readyText = `Python is ready (${((performance.now() - t0) / 1000).toFixed(1)} s): every control is live.`;
       setStatus(state.readyText, "ready");
@@ -558,7 +557,6 @@ function startWorker() {
       if (state.queuedFrame !== null) { const k = state.queuedFrame; state.queuedFrame = null; requestFrame(k); }
     } else if (msg.type === "failed") {
       setStatus(`Python could not start (${msg.message}); the plots keep the precomputed values.`, "failed");
-      drawn.then(revealLater);
     } else if (msg.type === "warmed") {
       if (msg.reply.ok) warmDrawing(msg.reply.data, msg.other && msg.other.ok ? msg.other.data : null);
       html.dataset.kvxWarmed = "";                                        // tests: the drawing has been warmed
@@ -718,30 +716,6 @@ function scalePlotFonts(k) {
       if (value !== m[prop]) m[prop] = value;
     }
   }
-}
-
-// Figures below the first screen of a page with many (tag "kvx:later", site/widgets.py later) are built hidden, so
-// BokehJS draws the first plot sooner and Python, which starts after it, is ready sooner (eviction: about 190 ms of
-// its first plot). They are drawn once Python is ready or has failed, the reader scrolls, or 3 s have passed,
-// whichever comes first, one a frame, so none of them holds up a frame for long; then "data-kvx-complete" is set.
-let revealing = false;
-function revealLater() {
-  if (revealing) return;
-  revealing = true;
-  const later = [...doc.all_models].filter((m) => (m.tags || []).includes("kvx:later") && m.visible === false);
-  let revealed = 0;
-  const next = () => {
-    const m = later.shift();
-    if (!m) {
-      if (revealed) refit();                  // titles and labels wrapped to the widths they now have
-      html.setAttribute("data-kvx-complete", "");
-      return;
-    }
-    m.visible = true;
-    revealed += 1;
-    requestAnimationFrame(() => setTimeout(next, 0));
-  };
-  next();
 }
 
 // A plot drawn two ways (tags "kvx:wide" and "kvx:narrow", such as MLA's step diagram): the page shows the one
@@ -1126,8 +1100,6 @@ apply(cfg.baked, false);
 html.setAttribute("data-kvx-drawn", String(Math.round(performance.now())));   // first plot, ms since navigation
 state.plotted = true;
 worker?.postMessage({ type: "go" });           // Python starts now that it no longer competes with the drawing
-window.addEventListener("scroll", revealLater, { once: true, passive: true });
-setTimeout(revealLater, 3000);
 applyURL(location.search, true);
 document.addEventListener("keydown", onKey);
 document.getElementById("kvx-copy-link")?.addEventListener("click", copyLink);

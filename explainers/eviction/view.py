@@ -148,11 +148,6 @@ def layout(params_cls, values: dict, data_: dict):
 
     for fig in (amap, sinks, raster, steploss):
         widgets.readable_figure(fig)
-    # Nine figures: BokehJS took about 190 ms longer to draw the page's first plot with all of them than with the
-    # map alone (the plots below it: received attention 125 ms, the rest about 65), and Python starts after it.
-    # Not the sinks' bars: drawn after being hidden, BokehJS left that plot without its axes or its bars' heights
-    # (its x range is a FactorRange with dodged bars), so it is drawn at once.
-    widgets.later(score, recv, loss, top1, recall, raster, steploss)
     h3 = {"font-size": "20px", "font-weight": "bold", "margin-top": "12px"}
     head = Div(text="Which tokens stay, on a real attention map", sizing_mode="stretch_width", styles=h3)
     cost = Div(text="What it costs, at every budget", sizing_mode="stretch_width", styles=h3)

@@ -167,28 +167,3 @@ def test_texts_are_plain_dom_outside_bokeh(built_site):
     eviction = REGISTRY["eviction"]
     findings = eviction.page_data(eviction.params())["texts"]["findings"]
     assert findings[:60] in html
-
-
-def test_figures_marked_later_start_hidden_in_their_place_on_the_page_only(built_site):
-    """widgets.later: eviction's figures below its map are hidden in the built page, each in a box that keeps its
-    height (so the page below does not move when it is drawn); the map is not, and a notebook draws them all."""
-    import importlib
-    from bokeh.models import Plot
-    from kvx.site import widgets
-    html = (built_site / "eviction.html").read_text()
-    held = re.findall(r'<div class="kvx-root [^"]*" style="min-height:(\d+)px">', html)
-    view = importlib.import_module("kvx.explainers.eviction.view")
-    e = REGISTRY["eviction"]
-    params = e.params()
-    layout = view.layout(e.params, params.as_dict(), e.page_data(params))
-    plots = {p.name: p for p in layout.select({"type": Plot})}
-    later = [p for p in plots.values() if widgets.LATER in p.tags]
-    assert len(later) == 7 and not {widgets.LATER} & {*plots["plot:amap"].tags, *plots["plot:sinks"].tags}
-    assert all(p.visible for p in plots.values())             # as a notebook (Panel) gets the layout
-    assert sorted(map(int, held)) == sorted(p.height for p in later)
-    widgets.hide_later(layout)
-    assert [p.name for p in plots.values() if not p.visible] == [p.name for p in later]
-    for slug in REGISTRY:                                       # only pages that mark figures hold places
-        if slug != "eviction":
-            assert 'class="kvx-root' in (page := (built_site / f"{slug}.html").read_text())
-            assert not re.search(r'<div class="kvx-root [^"]*" style="min-height', page), slug
