@@ -6,8 +6,9 @@ For each explainer page, in a fresh persistent browser profile (a disk cache, as
 time to first plot; time to Python-ready, cold; the first control change (1 s after ready, as a reader's
 comes) against the median of the rest (the warm-up should make them equal; values the model refuses are
 skipped, and pages whose values repeat hit the model's caches in "the rest"); the round trip of a control change (median and
-p95; by default each change comes once the previous one is drawn, `--pace back-to-back` sends it as soon as the
-previous reply is applied); a reload ("warm"); then another page in the same profile ("second page"), with the bytes each load
+p95, from the change sent to the end of the frame that shows it, with its legs: the reply applied to the plots'
+sources, and Python's time; by default each change comes once the previous one is on screen, `--pace
+back-to-back` sends it as soon as the previous reply is applied); a reload ("warm"); then another page in the same profile ("second page"), with the bytes each load
 took on the wire (counted at the server: the page's and its worker's requests, compressed as sent;
 cache hits count 0). The baseline is a bare page whose module worker only loads Pyodide core, served with
 the same cache and compression rules, loaded cold in its own fresh profile right before each page (the
@@ -123,33 +124,36 @@ def values_to_try(slug: str, changes: int) -> tuple[str, list[str]]:
     return spec["name"], [ring[i % len(ring)] for i in range(changes)]
 
 
-# The frame after the one that drew a change has begun: the change is on screen and the page is idle again.
-DRAWN = "new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(resolve)))"
-
-
-def round_trips(page, slug: str, changes: int, pace: str = "settled") -> tuple[list[float], list[float]]:
-    """Each change's round trip, ms, and Python's share of it (the model's time in the worker, as it reports).
-    Each change is typed into its box as a reader types it (click, type, Enter); the round trip runs from the
-    change the page sends to its reply drawn into the plots' sources.
+def round_trips(page, slug: str, changes: int, pace: str = "settled") -> dict[str, list[float]]:
+    """Each change's round trip, ms, from the change the page sends: to its reply applied to the plots' sources
+    ("applied": the round trip as issue 16 counts it, before BokehJS takes the data in and repaints), and to the
+    end of the frame that shows it ("painted": what a reader waits for; kvx-page.js, afterNextFrame); and
+    Python's part (the model's time in the worker, as it reports). Each change is typed into its box as a reader
+    types it (click, type, Enter).
 
     "settled": each change comes once the previous one is on screen, as a reader's next typed value does.
     "back-to-back": each change comes as soon as the previous reply is applied, while the page is still drawing
-    it (30-100 ms of painting on two cores), so the two compete: a measure of throughput more than latency."""
+    it, so the two compete: a measure of throughput more than latency."""
     name, values = values_to_try(slug, changes)
-    page.evaluate("window.kvx.timings.length = 0")
+    page.evaluate("window.kvx.timings.length = 0; window.kvx.painted.length = 0")
     python = []
     for value in values:
-        before = page.evaluate("Number(document.documentElement.dataset.kvxApplied || 0)")
+        before = page.evaluate("[Number(document.documentElement.dataset.kvxApplied || 0), "
+                               "Number(document.documentElement.dataset.kvxPainted || 0)]")
         set_control(page, name, value, slug)        # as a reader does: click into the box, type, press Enter
-        page.wait_for_function(f"Number(document.documentElement.dataset.kvxApplied || 0) > {before}")
+        page.wait_for_function(f"Number(document.documentElement.dataset.kvxApplied || 0) > {before[0]}")
         python.append(page.evaluate("window.kvx.state.pythonMs"))
         if pace == "settled":
-            page.evaluate(DRAWN)
-    return page.evaluate("Array.from(window.kvx.timings)"), python
+            page.wait_for_function(f"Number(document.documentElement.dataset.kvxPainted || 0) > {before[1]}")
+    if pace != "settled":
+        page.wait_for_function(f"window.kvx.painted.length >= {len(values)}")
+    return {"painted": page.evaluate("Array.from(window.kvx.painted)"),
+            "applied": page.evaluate("Array.from(window.kvx.timings)"), "python": python}
 
 
 def frame_trips(page, steps: int) -> list[float] | None:
-    """Round trip of one animation step, ms: for on-demand frames, from the key press to the drawn frame."""
+    """Round trip of one animation step, ms: for on-demand frames, from the step asked for to the end of the frame
+    that shows it; for the others, the step's own drawing (the page draws it at once, from data it holds)."""
     mode = page.evaluate("window.kvx.state.data.animation && window.kvx.state.data.animation.mode")
     if mode is None:
         return None
@@ -158,10 +162,12 @@ def frame_trips(page, steps: int) -> list[float] | None:
     out = []
     for _ in range(steps):
         if mode == "on_demand":
-            before = page.evaluate("Number(document.documentElement.dataset.kvxFrameApplied || 0)")
+            before = page.evaluate("Number(document.documentElement.dataset.kvxFramePainted || 0)")
             t0 = page.evaluate("performance.now()")
             page.evaluate("window.kvx.anim.step()")
-            page.wait_for_function(f"Number(document.documentElement.dataset.kvxFrameApplied || 0) > {before}")
+            page.wait_for_function(f"Number(document.documentElement.dataset.kvxFramePainted || 0) > {before}")
+            out.append(page.evaluate("window.kvx.state.framePaintedAt") - t0)
+            continue
         else:
             t0 = page.evaluate("performance.now()")
             page.evaluate("window.kvx.anim.step()")
@@ -206,14 +212,14 @@ def measure(p, base: str, slug: str, other: str, changes: int, profile: Path, wi
     cold = ready_ms(page, f"{base}/{slug}.html")
     cold_bytes = wire.take()
     settle(page)
-    trips, python = round_trips(page, slug, changes, pace)
+    trips = round_trips(page, slug, changes, pace)
     frames = frame_trips(page, 30)
     wire.take()
     warm = ready_ms(page, f"{base}/{slug}.html")
     warm_bytes = wire.take()
     # A second first change, after the reload: one sample per load says little against the median of the rest.
     settle(page)
-    reload_first, _ = round_trips(page, slug, 1, pace)
+    reload_first = round_trips(page, slug, 1, pace)["applied"]
     wire.take()
     second = ready_ms(page, f"{base}/{other}.html")
     second_bytes = wire.take()
@@ -221,22 +227,25 @@ def measure(p, base: str, slug: str, other: str, changes: int, profile: Path, wi
     return {
         "cold": cold, "warm": warm, "second_page": {**second, "page": other, "wire_bytes": second_bytes},
         "wire_bytes": {"cold": cold_bytes, "warm": warm_bytes, "second_page": second_bytes},
-        "round_trip_ms": stats(trips), "python_ms": stats(python),
-        "first_change_ms": round(trips[0], 2), "first_change_after_reload_ms": round(reload_first[0], 2),
-        "rest_median_ms": round(statistics.median(trips[1:]), 2),
+        "round_trip_ms": stats(trips["applied"]), "painted_ms": stats(trips["painted"]), "python_ms": stats(trips["python"]),
+        "first_change_ms": round(trips["applied"][0], 2), "first_change_after_reload_ms": round(reload_first[0], 2),
+        "rest_median_ms": round(statistics.median(trips["applied"][1:]), 2),
+        "first_change_painted_ms": round(trips["painted"][0], 2),
+        "rest_painted_median_ms": round(statistics.median(trips["painted"][1:]), 2),
         "frame_step_ms": None if not frames else stats(frames),
     }
 
 
-def cold_again(p, base: str, slug: str, profile: Path, pace: str) -> tuple[dict, float]:
-    """One more cold load of the page in a fresh profile, and its first change (after the same settling)."""
+def cold_again(p, base: str, slug: str, profile: Path, pace: str) -> tuple[dict, dict]:
+    """One more cold load of the page in a fresh profile, and its first change (after the same settling): to
+    applied and to painted."""
     ctx = launch(p, profile)
     page = ctx.pages[0] if ctx.pages else ctx.new_page()
     cold = ready_ms(page, f"{base}/{slug}.html")
     settle(page)
-    first, _ = round_trips(page, slug, 1, pace)
+    first = round_trips(page, slug, 1, pace)
     ctx.close()
-    return cold, first[0]
+    return cold, {k: first[k][0] for k in ("applied", "painted")}
 
 
 def main() -> int:
@@ -275,22 +284,25 @@ def main() -> int:
                 r = measure(p, base, slug, other, a.changes, Path(tmp) / f"profile-{slug}", wire, a.pace)
                 r["baseline_py_ready_ms"] = baselines[-1]
                 ratios = [r["cold"]["py_ready_ms"] / baselines[-1]]
-                firsts = [r["first_change_ms"]]
+                firsts, painted = [r["first_change_ms"]], [r["first_change_painted_ms"]]
                 colds = [r["cold"]]
                 for k in range(1, a.cold_pairs):
                     floor = bare(f"{slug}-{k}")
                     cold, first = cold_again(p, base, slug, Path(tmp) / f"profile-{slug}-{k}", a.pace)
                     ratios.append(cold["py_ready_ms"] / floor)
-                    firsts.append(round(first, 2))
+                    firsts.append(round(first["applied"], 2))
+                    painted.append(round(first["painted"], 2))
                     colds.append(cold)
                 r["cold_loads"] = [{**c, "over_baseline": round(x, 2)} for c, x in zip(colds, ratios)]
                 r["cold_ready_over_baseline"] = round(statistics.median(ratios), 2)
                 r["first_changes_cold_ms"] = firsts
                 r["first_change_ms"] = round(statistics.median(firsts), 2)
+                r["first_changes_cold_painted_ms"] = painted
+                r["first_change_painted_ms"] = round(statistics.median(painted), 2)
                 r["first_load_bytes_uncompressed"] = first_load_bytes(site, slug)
                 report["pages"][slug] = r
                 print(slug, json.dumps({k: r[k] for k in ("cold", "cold_ready_over_baseline", "round_trip_ms",
-                                                         "python_ms", "first_change_ms",
+                                                         "painted_ms", "python_ms", "first_change_ms",
                                                          "first_change_after_reload_ms", "rest_median_ms",
                                                          "wire_bytes")}),
                       flush=True)
@@ -304,13 +316,15 @@ def main() -> int:
         print(f"TIMED OUT (then retried): {t['url']}: {t['status']}")
     print(f"baseline (bare Pyodide core in a module worker, cold, before each page): median ready in "
           f"{report['baseline_py_ready_ms']} ms; x base and 1st chg: medians of {a.cold_pairs} cold loads a page")
+    print("p50, p95: to the reply applied; scr: to the end of the frame that shows it")
     print(f"{'page':16} {'plot':>7} {'ready':>8} {'x base':>6} {'boot':>8} {'1st chg':>8} {'reload':>7} {'rest':>7} {'p50':>7} "
-          f"{'p95':>7} {'py p50':>7} {'py p95':>7} {'cold MB':>7} {'2nd MB':>6}")
+          f"{'p95':>7} {'scr p50':>7} {'scr p95':>7} {'py p50':>7} {'py p95':>7} {'cold MB':>7} {'2nd MB':>6}")
     for slug, r in report["pages"].items():
         print(f"{slug:16} {r['cold']['first_plot_ms']:>7} {r['cold']['py_ready_ms']:>8} "
               f"{r['cold_ready_over_baseline']:>6} {r['cold']['boot'] or '-':>8} {r['first_change_ms']:>8} "
               f"{r['first_change_after_reload_ms']:>7} "
               f"{r['rest_median_ms']:>7} {r['round_trip_ms']['median']:>7} {r['round_trip_ms']['p95']:>7} "
+              f"{r['painted_ms']['median']:>7} {r['painted_ms']['p95']:>7} "
               f"{r['python_ms']['median']:>7} {r['python_ms']['p95']:>7} "
               f"{r['wire_bytes']['cold'] / 1e6:>7.2f} {r['wire_bytes']['second_page'] / 1e6:>6.3f}")
     return 0

@@ -27,17 +27,18 @@ def pages_md(b: dict) -> list[str]:
     lines = [f"Baseline: a bare page whose module worker only loads Pyodide core, loaded cold in a fresh profile "
              f"right before each page; median {b['baseline_py_ready_ms']:,} ms in this run{subset}. Each page "
              f"is loaded in its own fresh persistent profile; bytes are counted at the server (compressed as "
-             f"sent, cache hits 0). Round trips: {pace}; Python's part is the model's time in the worker.", "",
+             f"sent, cache hits 0). Round trips: {pace}; {trip_is(b)}; Python's part is the model's time in the worker.", "",
              "| page | first plot | Python ready, cold (× its baseline: median over the cold loads) | boot | first "
              "change 1 s after ready (cold, median over the cold loads; after a reload) / the rest, median | round trip "
-             "p50 / p95 | Python p50 / p95 | first visit on the wire | reload | second page |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "p50 / p95 | on screen p50 / p95 | Python p50 / p95 | first visit on the wire | reload | second page |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for slug, r in b["pages"].items():
         w = r["wire_bytes"]
         lines.append(f"| {slug} | {r['cold']['first_plot_ms']:,} ms | {r['cold']['py_ready_ms']:,} ms "
                      f"({r['cold_ready_over_baseline']:.2f}) | {r['cold'].get('boot') or '-'} | "
                      f"{r['first_change_ms']:.0f}{reload_first(r)} / {r['rest_median_ms']:.0f} ms | "
                      f"{r['round_trip_ms']['median']:.1f} / {r['round_trip_ms']['p95']:.1f} ms | "
+                     f"{painted(r)} | "
                      f"{r['python_ms']['median']:.1f} / {r['python_ms']['p95']:.1f} ms | "
                      f"{w['cold'] / 1e6:.2f} MB | {w['warm'] / 1e3:.1f} KB | {w['second_page'] / 1e3:.1f} KB "
                      f"({r['second_page']['page']}) |")
@@ -102,6 +103,26 @@ def load_md(x: dict) -> list[str]:
     from load_server import table   # the load test's own table
     return [table(x), "", f"Cached p99 under load ÷ without: {x['cached_p99_ratio_load_vs_baseline']:.2f}; server "
                           f"peak memory (VmHWM) {x['server_peak_rss_mb']:.0f} MB."]
+
+
+def trip_is(b: dict) -> str:
+    """What the run's round trips measured: until the reply was in the plots' sources (the round trip as issue 16
+    counts it), and since 2026-12-02's seventh session also until the end of the frame that shows the change."""
+    said = "a round trip runs from the change sent to the reply applied to the plots' sources"
+    if any("painted_ms" in r for r in b["pages"].values()):
+        return (said + "; \"on screen\" runs on to the end of the frame that shows it (BokehJS takes the data in "
+                "and repaints its canvases: what a reader waits for)")
+    return said + " (this run did not measure the repaint after it)"
+
+
+def painted(r: dict) -> str:
+    """The round trip until the change was on screen, where the run measured it."""
+    a = r.get("painted_ms")
+    if not a:
+        return "-"
+    first = f"; first change {r['first_change_painted_ms']:.0f} / the rest {r['rest_painted_median_ms']:.0f}" \
+        if "rest_painted_median_ms" in r else ""
+    return f"{a['median']:.1f} / {a['p95']:.1f} ms{first}"
 
 
 def reload_first(r: dict) -> str:

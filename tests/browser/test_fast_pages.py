@@ -219,3 +219,39 @@ def test_a_readers_first_touch_ends_the_warm_up(offline_page, site_url):
     page.wait_for_selector("html[data-kvx-warm-up]", state="attached", timeout=READY_MS)
     spent = page.evaluate("document.documentElement.dataset.kvxWarmUp")
     assert spent.endswith("ended by budget") and int(spent.split(" ms")[0].split()[-1]) >= 4000, spent
+
+
+# Canvas calls that put pixels down (Chromium's 2D context): the test records when each was last made.
+DRAW_CALLS = ("clearRect", "fillRect", "fill", "stroke", "fillText", "drawImage")
+
+
+def test_a_change_is_counted_on_screen_after_bokeh_has_repainted_it(offline_page, site_url):
+    """The benchmark's "on screen" mark (kvx-page.js, afterNextFrame) comes after the last canvas drawing the change
+    caused, not when its reply was applied: BokehJS takes the new data in and repaints in the next frame, which on
+    a simulation page costs more than the reply's way there. A mark taken at once, or from a plain timer, comes
+    before that drawing and fails."""
+    page = offline_page
+    page.goto(f"{site_url}/{SLUG}.html")
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+    page.wait_for_timeout(500)
+    page.evaluate("""(calls) => {
+        window.kvxDrawn = [];
+        for (const name of calls) {
+          const own = CanvasRenderingContext2D.prototype[name];
+          CanvasRenderingContext2D.prototype[name] = function (...args) {
+            window.kvxDrawn.push(performance.now());
+            return own.apply(this, args);
+          };
+        }
+    }""", list(DRAW_CALLS))
+    before = int(page.evaluate("Number(document.documentElement.dataset.kvxPainted || 0)"))
+    page.evaluate(f"Bokeh.documents[0].get_model_by_name('param:{FIELD}').value = '{VALUE}'")
+    page.wait_for_function(f"Number(document.documentElement.dataset.kvxPainted || 0) > {before}", timeout=30_000)
+    t = page.evaluate("""() => { const k = window.kvx, n = k.painted.length;
+        return { sent: k.state.sentAt, applied: k.timings[k.timings.length - 1], painted: k.painted[n - 1],
+                 drawn: window.kvxDrawn.filter((x) => x > k.state.sentAt) }; }""")
+    applied_at, painted_at = t["sent"] + t["applied"], t["sent"] + t["painted"]
+    after_apply = [x for x in t["drawn"] if x > applied_at]
+    assert after_apply, "BokehJS drew nothing after the reply was applied"
+    assert max(after_apply) <= painted_at, (max(after_apply) - applied_at, t["painted"] - t["applied"])
+    assert t["painted"] > t["applied"]
