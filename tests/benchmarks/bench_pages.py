@@ -8,7 +8,8 @@ comes) against the median of the rest (the warm-up should make them equal; value
 skipped, and pages whose values repeat hit the model's caches in "the rest"); the round trip of a control change (median and
 p95, from the change sent to the end of the frame that shows it, with its legs: the reply applied to the plots'
 sources, and Python's time; by default each change comes once the previous one is on screen, `--pace
-back-to-back` sends it as soon as the previous reply is applied); a reload ("warm"); then another page in the same profile ("second page"), with the bytes each load
+back-to-back` sends it as soon as the previous reply is applied); and, right before the changes, how fast the
+host was then (host_probe: round trips are absolute, and this host's speed drifts); a reload ("warm"); then another page in the same profile ("second page"), with the bytes each load
 took on the wire (counted at the server: the page's and its worker's requests, compressed as sent;
 cache hits count 0). The baseline is a bare page whose module worker only loads Pyodide core, served with
 the same cache and compression rules, loaded cold in its own fresh profile right before each page (the
@@ -184,6 +185,21 @@ def first_load_bytes(site: Path, slug: str) -> int:
                                      if cfg["snapshot"] or ".snapshot" not in p.name)
 
 
+def host_probe() -> float:
+    """This machine's speed right now, ms: the median of nine CPython replays of the load balancer's heaviest
+    synthetic trace (64 sessions) under the cache-aware router, the work behind the slowest changes, after one
+    to fill the model's caches. Round trips are absolute and this host's speed drifts (the same replay took
+    3.4-5.8 ms within four seconds), so a page's changes are bracketed by a probe before and one after."""
+    from kvx.explainers.load_balancer import model
+    p = model.LoadBalancerParams(sessions=64)
+    times = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        model.simulate(p, model.BY_KEY["cache_aware"])
+        times.append(time.perf_counter() - t0)
+    return round(statistics.median(times[1:]) * 1000, 2)
+
+
 def stats(trips: list[float]) -> dict:
     trips = sorted(trips)
     return {"median": round(statistics.median(trips), 2), "p95": round(trips[int(0.95 * (len(trips) - 1))], 2),
@@ -212,7 +228,9 @@ def measure(p, base: str, slug: str, other: str, changes: int, profile: Path, wi
     cold = ready_ms(page, f"{base}/{slug}.html")
     cold_bytes = wire.take()
     settle(page)
+    probe = [host_probe()]
     trips = round_trips(page, slug, changes, pace)
+    probe.append(host_probe())
     frames = frame_trips(page, 30)
     wire.take()
     warm = ready_ms(page, f"{base}/{slug}.html")
@@ -227,7 +245,7 @@ def measure(p, base: str, slug: str, other: str, changes: int, profile: Path, wi
     return {
         "cold": cold, "warm": warm, "second_page": {**second, "page": other, "wire_bytes": second_bytes},
         "wire_bytes": {"cold": cold_bytes, "warm": warm_bytes, "second_page": second_bytes},
-        "round_trip_ms": stats(trips["applied"]), "painted_ms": stats(trips["painted"]), "python_ms": stats(trips["python"]),
+        "host_probe_ms": probe, "round_trip_ms": stats(trips["applied"]), "painted_ms": stats(trips["painted"]), "python_ms": stats(trips["python"]),
         "first_change_ms": round(trips["applied"][0], 2), "first_change_after_reload_ms": round(reload_first[0], 2),
         "rest_median_ms": round(statistics.median(trips["applied"][1:]), 2),
         "first_change_painted_ms": round(trips["painted"][0], 2),
@@ -302,7 +320,7 @@ def main() -> int:
                 r["first_load_bytes_uncompressed"] = first_load_bytes(site, slug)
                 report["pages"][slug] = r
                 print(slug, json.dumps({k: r[k] for k in ("cold", "cold_ready_over_baseline", "round_trip_ms",
-                                                         "painted_ms", "python_ms", "first_change_ms",
+                                                         "painted_ms", "python_ms", "host_probe_ms", "first_change_ms",
                                                          "first_change_after_reload_ms", "rest_median_ms",
                                                          "wire_bytes")}),
                       flush=True)
@@ -316,16 +334,17 @@ def main() -> int:
         print(f"TIMED OUT (then retried): {t['url']}: {t['status']}")
     print(f"baseline (bare Pyodide core in a module worker, cold, before each page): median ready in "
           f"{report['baseline_py_ready_ms']} ms; x base and 1st chg: medians of {a.cold_pairs} cold loads a page")
-    print("p50, p95: to the reply applied; scr: to the end of the frame that shows it")
+    print("p50, p95: to the reply applied; scr: to the end of the frame that shows it; probe: host_probe, ms "
+          "(the slower of the two around the changes)")
     print(f"{'page':16} {'plot':>7} {'ready':>8} {'x base':>6} {'boot':>8} {'1st chg':>8} {'reload':>7} {'rest':>7} {'p50':>7} "
-          f"{'p95':>7} {'scr p50':>7} {'scr p95':>7} {'py p50':>7} {'py p95':>7} {'cold MB':>7} {'2nd MB':>6}")
+          f"{'p95':>7} {'scr p50':>7} {'scr p95':>7} {'py p50':>7} {'py p95':>7} {'probe':>6} {'cold MB':>7} {'2nd MB':>6}")
     for slug, r in report["pages"].items():
         print(f"{slug:16} {r['cold']['first_plot_ms']:>7} {r['cold']['py_ready_ms']:>8} "
               f"{r['cold_ready_over_baseline']:>6} {r['cold']['boot'] or '-':>8} {r['first_change_ms']:>8} "
               f"{r['first_change_after_reload_ms']:>7} "
               f"{r['rest_median_ms']:>7} {r['round_trip_ms']['median']:>7} {r['round_trip_ms']['p95']:>7} "
               f"{r['painted_ms']['median']:>7} {r['painted_ms']['p95']:>7} "
-              f"{r['python_ms']['median']:>7} {r['python_ms']['p95']:>7} "
+              f"{r['python_ms']['median']:>7} {r['python_ms']['p95']:>7} {max(r['host_probe_ms']):>6} "
               f"{r['wire_bytes']['cold'] / 1e6:>7.2f} {r['wire_bytes']['second_page'] / 1e6:>6.3f}")
     return 0
 

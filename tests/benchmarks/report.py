@@ -27,7 +27,10 @@ def pages_md(b: dict) -> list[str]:
     lines = [f"Baseline: a bare page whose module worker only loads Pyodide core, loaded cold in a fresh profile "
              f"right before each page; median {b['baseline_py_ready_ms']:,} ms in this run{subset}. Each page "
              f"is loaded in its own fresh persistent profile; bytes are counted at the server (compressed as "
-             f"sent, cache hits 0). Round trips: {pace}; {trip_is(b)}; Python's part is the model's time in the worker.", "",
+             f"sent, cache hits 0). Round trips: {pace}; {trip_is(b)}; Python's part is the model's time in the worker; the "
+             f"host probe (where measured) is one CPython replay of the load balancer's heaviest trace, median of "
+             f"nine, right before and after the page's changes: how fast this drifting host was while they were "
+             f"timed.", "",
              "| page | first plot | Python ready, cold (× its baseline: median over the cold loads) | boot | first "
              "change 1 s after ready (cold, median over the cold loads; after a reload) / the rest, median | round trip "
              "p50 / p95 | on screen p50 / p95 | Python p50 / p95 | first visit on the wire | reload | second page |",
@@ -39,7 +42,7 @@ def pages_md(b: dict) -> list[str]:
                      f"{r['first_change_ms']:.0f}{reload_first(r)} / {r['rest_median_ms']:.0f} ms | "
                      f"{r['round_trip_ms']['median']:.1f} / {r['round_trip_ms']['p95']:.1f} ms | "
                      f"{painted(r)} | "
-                     f"{r['python_ms']['median']:.1f} / {r['python_ms']['p95']:.1f} ms | "
+                     f"{r['python_ms']['median']:.1f} / {r['python_ms']['p95']:.1f} ms{probe(r)} | "
                      f"{w['cold'] / 1e6:.2f} MB | {w['warm'] / 1e3:.1f} KB | {w['second_page'] / 1e3:.1f} KB "
                      f"({r['second_page']['page']}) |")
     timeouts = b.get("timeouts", [])
@@ -123,6 +126,12 @@ def painted(r: dict) -> str:
     first = f"; first change {r['first_change_painted_ms']:.0f} / the rest {r['rest_painted_median_ms']:.0f}" \
         if "rest_painted_median_ms" in r else ""
     return f"{a['median']:.1f} / {a['p95']:.1f} ms{first}"
+
+
+def probe(r: dict) -> str:
+    """How fast the host was before and after the page's changes (bench_pages.host_probe), where measured."""
+    p = r.get("host_probe_ms")
+    return f" (host probe {p[0]:.1f} / {p[1]:.1f} ms)" if p else ""
 
 
 def reload_first(r: dict) -> str:
