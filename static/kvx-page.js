@@ -14,8 +14,8 @@ const state = { data: cfg.baked, frame: 0, wantFrame: null, timer: null, speed: 
                 handled: 0, handledFrame: 0 };     // the newest request and frame request whose reply came back
 // Per change, ms from the request sent: to its reply applied to the plots' sources (timings), and to the end of
 // the frame that shows it (painted: what a reader waits for). BokehJS takes the new data in and repaints its
-// canvases after the first, in that frame, which cost more than everything before it on the simulation pages
-// (the load balancer: 21 ms to applied, about 100 to painted).
+// canvases after the first, in that frame, which on most pages costs more than everything before it (one
+// load-balancer change: 21 ms to applied, about 100 to painted).
 const timings = [];
 const painted = [];
 let doc = null;

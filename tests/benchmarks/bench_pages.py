@@ -6,10 +6,10 @@ For each explainer page, in a fresh persistent browser profile (a disk cache, as
 time to first plot; time to Python-ready, cold; the first control change (1 s after ready, as a reader's
 comes) against the median of the rest (the warm-up should make them equal; values the model refuses are
 skipped, and pages whose values repeat hit the model's caches in "the rest"); the round trip of a control change (median and
-p95, from the change sent to the end of the frame that shows it, with its legs: the reply applied to the plots'
-sources, and Python's time; by default each change comes once the previous one is on screen, `--pace
-back-to-back` sends it as soon as the previous reply is applied); and, right before the changes, how fast the
-host was then (host_probe: round trips are absolute, and this host's speed drifts); a reload ("warm"); then another page in the same profile ("second page"), with the bytes each load
+p95, from the change sent to its reply applied to the plots' sources, and on to the end of the frame that shows it,
+"on screen"; with Python's part; by default each change comes once the previous one is on screen, `--pace
+back-to-back` sends it as soon as the previous reply is applied); around the changes, how fast the host was
+(host_probe: round trips are absolute, and this host's speed drifts); a reload ("warm"); then another page in the same profile ("second page"), with the bytes each load
 took on the wire (counted at the server: the page's and its worker's requests, compressed as sent;
 cache hits count 0). The baseline is a bare page whose module worker only loads Pyodide core, served with
 the same cache and compression rules, loaded cold in its own fresh profile right before each page (the
