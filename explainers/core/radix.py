@@ -185,7 +185,7 @@ class RadixTree:
             leaf = Node(rest, node, {}, next(self.clock), 1, 0, next(self.ids))
             node.children[rest[0]] = leaf
             self.size += len(rest)
-            self._refile(leaf)
+            self._file(leaf)                         # a new leaf, unlocked: evictable (what _refile finds)
             self._evictable.discard(node)            # what _refile(node) does to a node with a child
         else:
             self._refile(node)
@@ -261,6 +261,10 @@ class RadixTree:
         if node.children or node.lock > 0 or parent is None or parent.children.get(node.tokens[0]) is not node:
             self._evictable.discard(node)            # not a leaf, held, the root, or already evicted
             return
+        self._file(node)
+
+    def _file(self, node: Node) -> None:
+        """Put an unlocked leaf in the evictable set, with a heap entry for its current key."""
         self._evictable.add(node)
         key = self._key(node)
         if key != node.filed:                        # keys only grow, so an equal key is the live entry

@@ -270,12 +270,21 @@ def unlimited_cache_hits(records: Iterable[dict], block_size: int = BLOCK_SIZE) 
     """(prompt tokens found, prompt tokens) with one cache that never evicts and holds every prompt from the
     moment it arrives, in arrival order: the most any router and any cache size could reuse. A prompt finds
     the longest prefix of its hash ids seen before (ids are chained, so a seen id means a seen prefix)."""
+    rows = sorted(records, key=lambda r: r["timestamp"])
+    return _unlimited(((r["hash_ids"], r["input_length"]) for r in rows), block_size)
+
+
+def unlimited_prefix_hits(requests, block_size: int = BLOCK_SIZE) -> tuple[int, int]:
+    """unlimited_cache_hits over requests already in arrival order."""
+    return _unlimited(((q.blocks, q.input_length) for q in requests), block_size)
+
+
+def _unlimited(prompts, block_size: int) -> tuple[int, int]:
     seen: set = set()
     found = total = 0
-    for r in sorted(records, key=lambda r: r["timestamp"]):
-        ids = r["hash_ids"]
+    for ids, length in prompts:
         n = len(list(itertools.takewhile(seen.__contains__, ids)))      # the leading ids seen, counted in C
-        found += min(n * block_size, r["input_length"])
-        total += r["input_length"]
+        found += min(n * block_size, length)
+        total += length
         seen.update(ids)
     return found, total

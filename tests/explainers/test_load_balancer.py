@@ -18,9 +18,9 @@ from kvx.explainers.core.radix import RadixTree
 from kvx.explainers.core.params import ParamError
 from kvx.explainers.load_balancer.model import (BY_KEY, MAX_TRACE_REQUESTS, ROUTERS, SHARED, WALKED_TALLIES,
                                                  LoadBalancerParams as P, evaluate, frame_data, frame_requests,
-                                                 frame_run, page_data, parse_trace, percentile, ring, run,
-                                                 session_turns, simulate, sticky_replica, synthetic_records,
-                                                 to_jsonl, workload)
+                                                 frame_run, page_data, parse_trace, percentile, replay_cache_blind,
+                                                 ring, run, session_turns, simulate, sticky_replica,
+                                                 synthetic_records, to_jsonl, workload)
 from kvx.explainers.registry import page_json
 
 FOLDER = Path(__file__).parents[2] / "explainers" / "load_balancer"
@@ -315,6 +315,79 @@ def test_a_few_snapshots_count_their_tallies_as_the_running_tally_does(p, data):
         peaks = simulate(p, router, peaks_at=frozenset(range(n)))      # snapshots where the queue peaks anew
         highs = [x for x in range(n) if many.queue_at_arrival[x] > max(many.queue_at_arrival[:x], default=-1)]
         assert peaks.snapshots == {x: many.snapshots[x] for x in highs}
+
+
+@settings(max_examples=40, deadline=None)
+@given(params)
+def test_synthetic_workload_is_what_its_records_read_as(p):
+    """The synthetic workload is built straight from its generator; read back from its Mooncake-format records
+    as an uploaded trace with session ids is read (traces.with_sessions), it is the same requests, owners and
+    unlimited-cache hits."""
+    recs = synthetic_records(p)
+    requests, owners, given = traces.with_sessions([dict(r, hash_ids=tuple(r["hash_ids"])) for r in recs],
+                                                   p.block_size)
+    w = workload(p)
+    assert (w.requests, w.owners, w.sessions_given) == (requests, owners, given)
+    assert (w.unlimited_found, w.prompt_tokens) == traces.unlimited_cache_hits(recs, p.block_size)
+
+
+def _same_replay(blind, simulated) -> None:
+    assert blind.served == simulated.served
+    assert (blind.busy, blind.queue_at_arrival, blind.evicted_blocks) == \
+        (simulated.busy, simulated.queue_at_arrival, simulated.evicted_blocks)
+    assert blind.snapshots == simulated.snapshots
+
+
+@settings(max_examples=60, deadline=None)
+@given(params, st.data())
+def test_cache_blind_replay_is_the_simulation(p, data):
+    """Round-robin and sticky replay each replica on its own (replay_cache_blind, what the page runs); the
+    event-driven simulation is the reference: the same requests served at the same times with the same hits, the
+    same longest queues and the same snapshots, taken at given arrivals or where the queue peaks anew."""
+    n = len(workload(p).requests)
+    some = frozenset(data.draw(st.lists(st.integers(0, n - 1), max_size=12)))
+    for key in ("round_robin", "sticky"):
+        router = BY_KEY[key]
+        _same_replay(replay_cache_blind(p, router, some), simulate(p, router, some))
+        _same_replay(replay_cache_blind(p, router, peaks_at=frozenset(range(n))),
+                     simulate(p, router, peaks_at=frozenset(range(n))))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 0, 1, 5, 300]), st.integers(0, 3), st.integers(0, 2)),
+                min_size=1, max_size=40),
+       st.integers(1, 4), st.sampled_from([16, 48, 100, 1_000]), st.sampled_from([None, 1, 100]), st.data())
+def test_cache_blind_replay_is_the_simulation_on_ties_and_prompts_found_whole(rows, replicas, capacity, rate,
+                                                                            data):
+    """Uploaded traces where requests arrive together and repeat a prompt already cached whole, so a prefill can
+    take no time at all (flat prefill rate): the order of equal times is where the two replays could part."""
+    prompts = [[0, 1, 2], [0, 1, 2, 3], [7, 8], [0, 1]]
+    t, text = 0, []
+    for gap, which, short in rows:
+        t += gap
+        ids = prompts[which]
+        text.append(line(t, len(ids) * 16 - short, ids))
+    p = P(trace="\n".join(text), block_size=16, replicas=replicas, capacity=capacity, prefill_rate=rate)
+    n = len(workload(p).requests)
+    some = frozenset(data.draw(st.lists(st.integers(0, n - 1), max_size=8)))
+    for key in ("round_robin", "sticky"):
+        router = BY_KEY[key]
+        _same_replay(replay_cache_blind(p, router, some), simulate(p, router, some))
+        _same_replay(replay_cache_blind(p, router, peaks_at=frozenset(range(n))),
+                     simulate(p, router, peaks_at=frozenset(range(n))))
+
+
+def test_a_prompt_found_whole_takes_no_time_and_both_replays_agree():
+    """The case the strategy above is for, pinned: the same prompt twice at the same moment on one replica, the
+    second found whole once the first is stored (0 s of prefill at a flat rate), a third arriving as it ends."""
+    text = "\n".join([line(0, 48, [0, 1, 2]), line(3000, 48, [0, 1, 2]), line(3000, 48, [0, 1, 2]),
+                      line(3000, 32, [0, 1])])
+    p = P(trace=text, block_size=16, replicas=1, capacity=100, prefill_rate=16)
+    r = simulate(p, BY_KEY["round_robin"], frozenset(range(4)))
+    assert [(s.start, s.end, s.matched) for s in r.served] == [(0, 3, 0), (3, 3, 48), (3, 3, 48), (3, 3, 32)]
+    assert r.queue_at_arrival == (1, 1, 1, 1)          # a whole hit is in its queue as its own arrival is counted,
+    #                                                    and gone by the next one's, at the same moment
+    _same_replay(replay_cache_blind(p, BY_KEY["round_robin"], frozenset(range(4))), r)
 
 
 def test_the_page_opens_on_the_frame_a_full_replay_draws():
