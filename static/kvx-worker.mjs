@@ -44,7 +44,27 @@ from kvx.explainers.registry import page_json, warm_up_values
 import js
 from kvx.explainers.core import traces
 traces.progress = lambda share, text: js.kvxProgress(share, text)
-page_json`;
+def page_reply(slug, params):
+    return page_json(slug, params, packed=True)
+page_reply`;
+
+// The reply's packed columns (registry.pack_columns: long columns of floats as base64 doubles) become
+// Float64Arrays, which BokehJS takes as they are and postMessage copies in one piece.
+function decodeColumns(reply) {
+  const sources = reply.ok && reply.data && reply.data.sources;
+  if (sources) {
+    for (const cols of Object.values(sources)) {
+      for (const [name, col] of Object.entries(cols)) if (col && col.f64 !== undefined) cols[name] = float64(col.f64);
+    }
+  }
+  return reply;
+}
+function float64(text) {
+  const bytes = atob(text);
+  const out = new Uint8Array(bytes.length);
+  for (let i = 0; i < bytes.length; i++) out[i] = bytes.charCodeAt(i);
+  return new Float64Array(out.buffer);
+}
 
 function download(url, what) {
   return fetch(new URL(url, self.location.href)).then((r) => {
@@ -126,10 +146,10 @@ self.onmessage = async (event) => {
     const changes = warmUpValues(msg.slug);
     let runs = 0;                              // evaluations at other values
     try {
-      const reply = JSON.parse(pageJson(msg.slug, JSON.stringify(msg.params)));
+      const reply = decodeColumns(JSON.parse(pageJson(msg.slug, JSON.stringify(msg.params))));
       // and one other value's, for the page to run its drawing's update paths on changed data (warmDrawing)
-      const other = changes.length ? JSON.parse(pageJson(msg.slug, JSON.stringify({ ...msg.params, ...changes[0] })))
-        : null;
+      const other = changes.length
+        ? decodeColumns(JSON.parse(pageJson(msg.slug, JSON.stringify({ ...msg.params, ...changes[0] })))) : null;
       runs = other ? 1 : 0;
       self.postMessage({ type: "warmed", reply, other });    // the page warms its drawing with them (same picture)
     } catch (err) { /* a real run will report it */ }
@@ -153,7 +173,7 @@ self.onmessage = async (event) => {
     current = msg.id;
     let reply;
     try {
-      reply = JSON.parse(pageJson(msg.slug, JSON.stringify(msg.params)));
+      reply = decodeColumns(JSON.parse(pageJson(msg.slug, JSON.stringify(msg.params))));
     } catch (err) {
       self.postMessage({ type: "crashed", message: String(err && err.message || err).split("\n")[0] });
       return;

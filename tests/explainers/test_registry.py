@@ -1,15 +1,18 @@
 """Every registered explainer keeps the shape the definition of done asks for."""
 from __future__ import annotations
 
+import array
 import ast
+import base64
 import dataclasses
+import math
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
-from kvx.explainers.registry import LEVELS, REGISTRY, page_json, run
+from kvx.explainers.registry import LEVELS, PACKED_MIN, REGISTRY, pack_columns, page_json, run
 
 ROOT = Path(__file__).parents[2]
 EXPLAINERS = sorted(REGISTRY)
@@ -116,3 +119,41 @@ def test_a_change_leaves_no_garbage_in_cycles(slug):
     finally:
         gc.enable()
     assert left == 0
+
+
+def _unpacked(data: dict) -> dict:
+    """What the worker makes of a packed reply (kvx-worker.mjs, decodeColumns), in Python: little-endian doubles."""
+    def column(col):
+        if isinstance(col, dict):
+            values = array.array("d", base64.b64decode(col["f64"]))
+            if sys.byteorder == "big":
+                values.byteswap()
+            return values.tolist()
+        return col
+    return {**data, "sources": {k: {c: column(v) for c, v in cols.items()} for k, cols in data["sources"].items()}}
+
+
+def test_packed_columns_are_the_same_doubles_bit_for_bit():
+    tricky = [1 / 3, 0.1, -0.0, 5e-324, 1.7976931348623157e308, 2.0 ** -1074 * 3, 123456.789e-20] * 10   # 1/3 in the middle
+    data = {"sources": {"a": {"tricky": tricky, "ints": list(range(70)), "mixed": [1.5] * 69 + [2],
+                              "short": [1 / 3] * (PACKED_MIN - 1), "nan": [1 / 3] * 69 + [math.nan],
+                              "words": ["x"] * 70, "round": [0.5] * 70}}}
+    out = pack_columns(data)["sources"]["a"]
+    assert set(k for k, v in out.items() if isinstance(v, dict)) == {"tricky"}    # the rest stay lists
+    back = _unpacked(pack_columns(data))["sources"]["a"]["tricky"]
+    assert [math.copysign(1, x) for x in back] == [math.copysign(1, x) for x in tricky]       # -0.0 kept
+    assert [x.hex() for x in back] == [x.hex() for x in tricky]
+    with pytest.raises(ValueError):                  # NaN is never packed past the strict JSON check
+        json.dumps(pack_columns(data), allow_nan=False)
+
+
+@pytest.mark.parametrize("slug", sorted(REGISTRY))
+def test_the_workers_packed_reply_is_the_plain_reply(slug):
+    """The worker asks for packed replies; unpacked they are the plain ones, value for value, on every page."""
+    spec = next((s for s in REGISTRY[slug].params.describe() if s["name"] in ("sessions", "requests")), None)
+    for values in ({}, {spec["name"]: str(spec["max"])} if spec else {}):
+        plain = json.loads(page_json(slug, json.dumps(values)))
+        packed = json.loads(page_json(slug, json.dumps(values), packed=True))
+        assert packed["ok"] and _unpacked(packed["data"]) == plain["data"]
+        if slug == "load-balancer":                  # its curves are long columns of long decimals: packed
+            assert sum(isinstance(c, dict) for cols in packed["data"]["sources"].values() for c in cols.values()) > 4
