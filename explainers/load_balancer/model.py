@@ -716,7 +716,7 @@ def replay_cache_blind(p: LoadBalancerParams, router: Router, snapshot_at: froze
     n, replicas = len(requests), range(p.replicas)
     arrivals = sorted(range(n), key=lambda i: (requests[i].arrival, i))
     orders: list[list[int]] = [[] for _ in replicas]
-    for x in arrivals:
+    for x in arrivals:                                # these routers read only how many replicas there are
         orders[router.choose(requests[x], replicas, 0.0, p, x)].append(x)
     served, busy, evicted, logs = [None] * n, [], [], []
     prefill_time: dict = {}                           # (new tokens, cached tokens) -> seconds
