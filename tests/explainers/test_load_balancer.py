@@ -338,19 +338,23 @@ def _same_replay(blind, simulated) -> None:
     assert blind.snapshots == simulated.snapshots
 
 
+def _cache_blind_routers_agree(p, some: frozenset) -> None:
+    """Both cache-blind routers, replayed both ways: snapshots at `some` arrivals, then where the queue peaks."""
+    every = frozenset(range(len(workload(p).requests)))
+    for key in ("round_robin", "sticky"):
+        router = BY_KEY[key]
+        _same_replay(replay_cache_blind(p, router, some), simulate(p, router, some))
+        _same_replay(replay_cache_blind(p, router, peaks_at=every), simulate(p, router, peaks_at=every))
+
+
 @settings(max_examples=60, deadline=None)
 @given(params, st.data())
 def test_cache_blind_replay_is_the_simulation(p, data):
     """Round-robin and sticky replay each replica on its own (replay_cache_blind, what the page runs); the
     event-driven simulation is the reference: the same requests served at the same times with the same hits, the
     same longest queues and the same snapshots, taken at given arrivals or where the queue peaks anew."""
-    n = len(workload(p).requests)
-    some = frozenset(data.draw(st.lists(st.integers(0, n - 1), max_size=12)))
-    for key in ("round_robin", "sticky"):
-        router = BY_KEY[key]
-        _same_replay(replay_cache_blind(p, router, some), simulate(p, router, some))
-        _same_replay(replay_cache_blind(p, router, peaks_at=frozenset(range(n))),
-                     simulate(p, router, peaks_at=frozenset(range(n))))
+    some = frozenset(data.draw(st.lists(st.integers(0, len(workload(p).requests) - 1), max_size=12)))
+    _cache_blind_routers_agree(p, some)
 
 
 @settings(max_examples=60, deadline=None)
@@ -368,13 +372,8 @@ def test_cache_blind_replay_is_the_simulation_on_ties_and_prompts_found_whole(ro
         ids = prompts[which]
         text.append(line(t, len(ids) * 16 - short, ids))
     p = P(trace="\n".join(text), block_size=16, replicas=replicas, capacity=capacity, prefill_rate=rate)
-    n = len(workload(p).requests)
-    some = frozenset(data.draw(st.lists(st.integers(0, n - 1), max_size=8)))
-    for key in ("round_robin", "sticky"):
-        router = BY_KEY[key]
-        _same_replay(replay_cache_blind(p, router, some), simulate(p, router, some))
-        _same_replay(replay_cache_blind(p, router, peaks_at=frozenset(range(n))),
-                     simulate(p, router, peaks_at=frozenset(range(n))))
+    some = frozenset(data.draw(st.lists(st.integers(0, len(workload(p).requests) - 1), max_size=8)))
+    _cache_blind_routers_agree(p, some)
 
 
 def test_a_prompt_found_whole_takes_no_time_and_both_replays_agree():
