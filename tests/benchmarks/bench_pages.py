@@ -15,8 +15,9 @@ cache hits count 0). The baseline is a bare page whose module worker only loads 
 the same cache and compression rules, loaded cold in its own fresh profile right before each page (the
 machine's load drifts), so "ready / baseline" is our overhead over (or saving under) the floor. One such pair says
 little on a host whose speed drifts by half between minutes, so `--cold-pairs N` (default 3) loads each page cold N
-times, each right after its own bare boot, and reports the median of the N ratios, and the median of the N first
-changes (one per cold load) against the rest. Writes bench.json and prints a table.
+times, each right after its own bare boot, and reports the median of the N ratios, the median of the N first
+changes (one per cold load) against the rest, and the round trips of all N loads' changes together (each load's p95
+beside them). Writes bench.json and prints a table.
 Not a test: these figures vary with the machine; the ratios are what to compare.
 """
 from __future__ import annotations
@@ -251,19 +252,36 @@ def measure(p, base: str, slug: str, other: str, changes: int, profile: Path, wi
         "first_change_painted_ms": round(trips["painted"][0], 2),
         "rest_painted_median_ms": round(statistics.median(trips["painted"][1:]), 2),
         "frame_step_ms": None if not frames else stats(frames),
+        "trips": trips,
     }
 
 
-def cold_again(p, base: str, slug: str, profile: Path, pace: str) -> tuple[dict, dict]:
-    """One more cold load of the page in a fresh profile, and its first change (after the same settling): to
-    applied and to painted."""
+def cold_again(p, base: str, slug: str, profile: Path, pace: str, changes: int) -> tuple[dict, dict]:
+    """One more cold load of the page in a fresh profile, and its changes (after the same settling), the same as
+    the first load's: its first change is one more sample of the first change, and all of them more samples of the
+    round trip."""
     ctx = launch(p, profile)
     page = ctx.pages[0] if ctx.pages else ctx.new_page()
     cold = ready_ms(page, f"{base}/{slug}.html")
     settle(page)
-    first = round_trips(page, slug, 1, pace)
+    trips = round_trips(page, slug, changes, pace)
     ctx.close()
-    return cold, {k: first[k][0] for k in ("applied", "painted")}
+    return cold, trips
+
+
+def pooled(r: dict, more: list[dict]) -> None:
+    """The round trips of every cold load together: one load's 40 changes give a p95 that is their second slowest,
+    which moved by a quarter between identical runs on this host; three loads' 120 give their seventh slowest. Each
+    load's own p95 is kept beside it."""
+    loads = [r.pop("trips")] + more
+    every = {k: [t for load in loads for t in load[k][1:]] for k in ("applied", "painted", "python")}   # not firsts
+    firsts = {k: [load[k][0] for load in loads] for k in ("applied", "painted", "python")}
+    r["round_trip_ms"] = stats(every["applied"] + firsts["applied"])
+    r["painted_ms"] = stats(every["painted"] + firsts["painted"])
+    r["python_ms"] = stats(every["python"] + firsts["python"])
+    r["round_trip_p95_by_load_ms"] = [stats(load["applied"])["p95"] for load in loads]
+    r["rest_median_ms"] = round(statistics.median(every["applied"]), 2)
+    r["rest_painted_median_ms"] = round(statistics.median(every["painted"]), 2)
 
 
 def main() -> int:
@@ -303,14 +321,16 @@ def main() -> int:
                 r["baseline_py_ready_ms"] = baselines[-1]
                 ratios = [r["cold"]["py_ready_ms"] / baselines[-1]]
                 firsts, painted = [r["first_change_ms"]], [r["first_change_painted_ms"]]
-                colds = [r["cold"]]
+                colds, more = [r["cold"]], []
                 for k in range(1, a.cold_pairs):
                     floor = bare(f"{slug}-{k}")
-                    cold, first = cold_again(p, base, slug, Path(tmp) / f"profile-{slug}-{k}", a.pace)
+                    cold, trips = cold_again(p, base, slug, Path(tmp) / f"profile-{slug}-{k}", a.pace, a.changes)
                     ratios.append(cold["py_ready_ms"] / floor)
-                    firsts.append(round(first["applied"], 2))
-                    painted.append(round(first["painted"], 2))
+                    firsts.append(round(trips["applied"][0], 2))
+                    painted.append(round(trips["painted"][0], 2))
                     colds.append(cold)
+                    more.append(trips)
+                pooled(r, more)
                 r["cold_loads"] = [{**c, "over_baseline": round(x, 2)} for c, x in zip(colds, ratios)]
                 r["cold_ready_over_baseline"] = round(statistics.median(ratios), 2)
                 r["first_changes_cold_ms"] = firsts
@@ -333,7 +353,7 @@ def main() -> int:
     for t in TIMEOUTS:
         print(f"TIMED OUT (then retried): {t['url']}: {t['status']}")
     print(f"baseline (bare Pyodide core in a module worker, cold, before each page): median ready in "
-          f"{report['baseline_py_ready_ms']} ms; x base and 1st chg: medians of {a.cold_pairs} cold loads a page")
+          f"{report['baseline_py_ready_ms']} ms; x base and 1st chg: medians of {a.cold_pairs} cold loads a page; round trips: their changes together")
     print("p50, p95: to the reply applied; scr: to the end of the frame that shows it; probe: host_probe, ms "
           "(the slower of the two around the changes)")
     print(f"{'page':16} {'plot':>7} {'ready':>8} {'x base':>6} {'boot':>8} {'1st chg':>8} {'reload':>7} {'rest':>7} {'p50':>7} "

@@ -40,7 +40,7 @@ def pages_md(b: dict) -> list[str]:
         lines.append(f"| {slug} | {r['cold']['first_plot_ms']:,} ms | {r['cold']['py_ready_ms']:,} ms "
                      f"({r['cold_ready_over_baseline']:.2f}) | {r['cold'].get('boot') or '-'} | "
                      f"{r['first_change_ms']:.0f}{reload_first(r)} / {r['rest_median_ms']:.0f} ms | "
-                     f"{r['round_trip_ms']['median']:.1f} / {r['round_trip_ms']['p95']:.1f} ms | "
+                     f"{r['round_trip_ms']['median']:.1f} / {r['round_trip_ms']['p95']:.1f} ms{by_load(r)} | "
                      f"{painted(r)} | "
                      f"{r['python_ms']['median']:.1f} / {r['python_ms']['p95']:.1f} ms{probe(r)} | "
                      f"{w['cold'] / 1e6:.2f} MB | {w['warm'] / 1e3:.1f} KB | {w['second_page'] / 1e3:.1f} KB "
@@ -112,10 +112,18 @@ def trip_is(b: dict) -> str:
     """What the run's round trips measured: until the reply was in the plots' sources (the round trip as issue 16
     counts it), and since 2026-12-02's seventh session also until the end of the frame that shows the change."""
     said = "a round trip runs from the change sent to the reply applied to the plots' sources"
+    if any("round_trip_p95_by_load_ms" in r for r in b["pages"].values()):
+        said += " (every cold load's changes together; the table gives each load's p95 after the pooled one)"
     if any("painted_ms" in r for r in b["pages"].values()):
         return (said + "; \"on screen\" runs on to the end of the frame that shows it (BokehJS takes the data in "
                 "and repaints its canvases: what a reader waits for)")
     return said + " (this run did not measure the repaint after it)"
+
+
+def by_load(r: dict) -> str:
+    """Each cold load's own round-trip p95, where the run pooled several loads' changes."""
+    p95s = r.get("round_trip_p95_by_load_ms")
+    return f" (each load's p95: {', '.join(f'{x:.1f}' for x in p95s)})" if p95s and len(p95s) > 1 else ""
 
 
 def painted(r: dict) -> str:
