@@ -747,7 +747,8 @@ def replay_cache_blind(p: LoadBalancerParams, router: Router, snapshot_at: froze
         evicted.append(tree.evicted)
         logs.append((log, [v.tokens for v in gone]))
         tree.clear()
-    queues = _longest_queues(served, arrivals, p.replicas)
+    place = {x: k for k, x in enumerate(arrivals)}    # request -> its position in arrival order
+    queues, left = _longest_queues(served, arrivals, place, p.replicas)
     shots, peak = [], -1                              # the arrivals to snapshot, in order
     for k, x in enumerate(arrivals):
         new_high = queues[k] > peak and x in peaks_at
@@ -755,34 +756,35 @@ def replay_cache_blind(p: LoadBalancerParams, router: Router, snapshot_at: froze
             peak = queues[k]
         if new_high or x in snapshot_at:
             shots.append(x)
-    snaps = _snapshots_from_logs(shots, arrivals, served, orders, logs, w.owners) if shots else {}
+    snaps = _snapshots_from_logs(shots, place, left, served, orders, logs, w.owners) if shots else {}
     return Run(router.key, tuple(served), (), tuple(busy), tuple(queues), snaps, tuple(evicted), {})
 
 
-def _longest_queues(served: list, arrivals: list, replicas: int) -> list[int]:
-    """The fleet's longest queue (waiting + running) right after each arrival, from the start and end times. As in
-    simulate, a prefill has left its queue when a request arrives if it ended before, or at the same moment and
-    was routed earlier (a prompt found whole in the cache can take no time at all: it is still in its queue
-    when its own arrival is counted)."""
-    place = {x: k for k, x in enumerate(arrivals)}
-    ends = sorted((s.end, place[s.request], s.replica) for s in served)
-    depth, out, k = [0] * replicas, [], 0
+def _longest_queues(served: list, arrivals: list, place: dict, replicas: int) -> tuple[list[int], dict]:
+    """The fleet's longest queue (waiting + running) right after each arrival, from the start and end times; and
+    for each request, the position in arrival order of the first arrival that found it gone from its queue (absent
+    if none did). As in simulate, a prefill has left its queue when a request arrives if it ended before, or at the
+    same moment and was routed earlier (a prompt found whole in the cache can take no time at all: it is still in
+    its queue when its own arrival is counted)."""
+    ends = sorted((s.end, place[s.request], s.replica, s.request) for s in served)
+    depth, out, left, k = [0] * replicas, [], {}, 0
     for at, x in enumerate(arrivals):
         s = served[x]
         while k < len(ends) and (ends[k][0] < s.arrival or (ends[k][0] == s.arrival and ends[k][1] < at)):
             depth[ends[k][2]] -= 1
+            left[ends[k][3]] = at
             k += 1
         depth[s.replica] += 1
         out.append(max(depth))
-    return out
+    return out, left
 
 
-def _snapshots_from_logs(shots: list[int], arrivals: list, served: list, orders: list, logs: list,
+def _snapshots_from_logs(shots: list[int], place: dict, left: dict, served: list, orders: list, logs: list,
                          owners: dict) -> dict:
     """Every replica as request x has just been routed, for each x of `shots` (in arrival order): its queue from
-    the start and end times, its cache from its log (what the prefills that had ended, as _longest_queues
-    counts them, stored and evicted)."""
-    place = {x: k for k, x in enumerate(arrivals)}
+    the start and end times, its cache from its log (what the prefills that had left their queues by then, as
+    _longest_queues found, stored and evicted)."""
+    never = len(place)
     out: dict = {x: [] for x in shots}
     get = owners.get
     for i, order in enumerate(orders):
@@ -792,7 +794,7 @@ def _snapshots_from_logs(shots: list[int], arrivals: list, served: list, orders:
         last = None
         for x in shots:
             t, at = served[x].arrival, place[x]
-            while done < len(log) and (log[done][0] < t or (log[done][0] == t and place[log[done][1]] < at)):
+            while done < len(log) and left.get(log[done][1], never) <= at:
                 _, _, evicted_by_then, stored, _ = log[done]
                 for tokens in gone[victims:evicted_by_then]:     # evicted to make room for this prompt
                     for blk in tokens:
