@@ -252,21 +252,21 @@ def pack_columns(data: dict) -> dict:
     sources = data.get("sources")
     if not sources:
         return data
-    packed = {}
-    for key, cols in sources.items():
-        out = {}
-        for name, col in cols.items():
-            if (len(col) >= PACKED_MIN and isinstance(col, list) and type(col[len(col) // 2]) is float
-                    and len(repr(col[len(col) // 2])) > PACKED_DIGITS and set(map(type, col)) == {float}
-                    and all(map(math.isfinite, col))):
-                values = array.array("d", col)
-                if sys.byteorder == "big":
-                    values.byteswap()
-                out[name] = {"f64": base64.b64encode(values.tobytes()).decode("ascii")}
-            else:
-                out[name] = col
-        packed[key] = out
-    return {**data, "sources": packed}
+    return {**data, "sources": {key: {name: _packed(col) for name, col in cols.items()}
+                                for key, cols in sources.items()}}
+
+
+def _packed(col):
+    """One column, packed if it is worth it (pack_columns), else as it is."""
+    if not (isinstance(col, list) and len(col) >= PACKED_MIN and type(col[len(col) // 2]) is float
+            and len(repr(col[len(col) // 2])) > PACKED_DIGITS):
+        return col
+    if set(map(type, col)) != {float} or not all(map(math.isfinite, col)):
+        return col
+    values = array.array("d", col)
+    if sys.byteorder == "big":
+        values.byteswap()
+    return {"f64": base64.b64encode(values.tobytes()).decode("ascii")}
 
 
 def run(slug: str, values: dict) -> dict:

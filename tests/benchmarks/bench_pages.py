@@ -246,13 +246,11 @@ def measure(p, base: str, slug: str, other: str, changes: int, profile: Path, wi
     return {
         "cold": cold, "warm": warm, "second_page": {**second, "page": other, "wire_bytes": second_bytes},
         "wire_bytes": {"cold": cold_bytes, "warm": warm_bytes, "second_page": second_bytes},
-        "host_probe_ms": probe, "round_trip_ms": stats(trips["applied"]), "painted_ms": stats(trips["painted"]), "python_ms": stats(trips["python"]),
+        "host_probe_ms": probe,
         "first_change_ms": round(trips["applied"][0], 2), "first_change_after_reload_ms": round(reload_first[0], 2),
-        "rest_median_ms": round(statistics.median(trips["applied"][1:]), 2),
         "first_change_painted_ms": round(trips["painted"][0], 2),
-        "rest_painted_median_ms": round(statistics.median(trips["painted"][1:]), 2),
         "frame_step_ms": None if not frames else stats(frames),
-        "trips": trips,
+        "trips": trips,                             # their figures: pooled(), with the other cold loads' changes
     }
 
 
@@ -274,14 +272,11 @@ def pooled(r: dict, more: list[dict]) -> None:
     which moved by a quarter between identical runs on this host; three loads' 120 give their seventh slowest. Each
     load's own p95 is kept beside it."""
     loads = [r.pop("trips")] + more
-    every = {k: [t for load in loads for t in load[k][1:]] for k in ("applied", "painted", "python")}   # not firsts
-    firsts = {k: [load[k][0] for load in loads] for k in ("applied", "painted", "python")}
-    r["round_trip_ms"] = stats(every["applied"] + firsts["applied"])
-    r["painted_ms"] = stats(every["painted"] + firsts["painted"])
-    r["python_ms"] = stats(every["python"] + firsts["python"])
+    for key, kind in (("round_trip_ms", "applied"), ("painted_ms", "painted"), ("python_ms", "python")):
+        r[key] = stats([t for load in loads for t in load[kind]])
     r["round_trip_p95_by_load_ms"] = [stats(load["applied"])["p95"] for load in loads]
-    r["rest_median_ms"] = round(statistics.median(every["applied"]), 2)
-    r["rest_painted_median_ms"] = round(statistics.median(every["painted"]), 2)
+    for key, kind in (("rest_median_ms", "applied"), ("rest_painted_median_ms", "painted")):    # all but the firsts
+        r[key] = round(statistics.median([t for load in loads for t in load[kind][1:]]), 2)
 
 
 def main() -> int:
