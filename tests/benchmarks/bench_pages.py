@@ -247,10 +247,9 @@ def measure(p, base: str, slug: str, other: str, changes: int, profile: Path, wi
         "cold": cold, "warm": warm, "second_page": {**second, "page": other, "wire_bytes": second_bytes},
         "wire_bytes": {"cold": cold_bytes, "warm": warm_bytes, "second_page": second_bytes},
         "host_probe_ms": probe,
-        "first_change_ms": round(trips["applied"][0], 2), "first_change_after_reload_ms": round(reload_first[0], 2),
-        "first_change_painted_ms": round(trips["painted"][0], 2),
+        "first_change_after_reload_ms": round(reload_first[0], 2),
         "frame_step_ms": None if not frames else stats(frames),
-        "trips": trips,                             # their figures: pooled(), with the other cold loads' changes
+        "trips": trips,                             # their figures and first change: pooled(), with the other loads'
     }
 
 
@@ -270,8 +269,12 @@ def cold_again(p, base: str, slug: str, profile: Path, pace: str, changes: int) 
 def pooled(r: dict, more: list[dict]) -> None:
     """The round trips of every cold load together: one load's 40 changes give a p95 that is their second slowest,
     which moved by a quarter between identical runs on this host; three loads' 120 give their seventh slowest. Each
-    load's own p95 is kept beside it."""
+    load's own p95 is kept beside it. The first change is one sample a load: each load's, and their median."""
     loads = [r.pop("trips")] + more
+    for each, median, kind in (("first_changes_cold_ms", "first_change_ms", "applied"),
+                               ("first_changes_cold_painted_ms", "first_change_painted_ms", "painted")):
+        r[each] = [round(load[kind][0], 2) for load in loads]
+        r[median] = round(statistics.median(r[each]), 2)
     for key, kind in (("round_trip_ms", "applied"), ("painted_ms", "painted"), ("python_ms", "python")):
         r[key] = stats([t for load in loads for t in load[kind]])
     r["round_trip_p95_by_load_ms"] = [stats(load["applied"])["p95"] for load in loads]
@@ -315,23 +318,16 @@ def main() -> int:
                 r = measure(p, base, slug, other, a.changes, Path(tmp) / f"profile-{slug}", wire, a.pace)
                 r["baseline_py_ready_ms"] = baselines[-1]
                 ratios = [r["cold"]["py_ready_ms"] / baselines[-1]]
-                firsts, painted = [r["first_change_ms"]], [r["first_change_painted_ms"]]
                 colds, more = [r["cold"]], []
                 for k in range(1, a.cold_pairs):
                     floor = bare(f"{slug}-{k}")
                     cold, trips = cold_again(p, base, slug, Path(tmp) / f"profile-{slug}-{k}", a.pace, a.changes)
                     ratios.append(cold["py_ready_ms"] / floor)
-                    firsts.append(round(trips["applied"][0], 2))
-                    painted.append(round(trips["painted"][0], 2))
                     colds.append(cold)
                     more.append(trips)
                 pooled(r, more)
                 r["cold_loads"] = [{**c, "over_baseline": round(x, 2)} for c, x in zip(colds, ratios)]
                 r["cold_ready_over_baseline"] = round(statistics.median(ratios), 2)
-                r["first_changes_cold_ms"] = firsts
-                r["first_change_ms"] = round(statistics.median(firsts), 2)
-                r["first_changes_cold_painted_ms"] = painted
-                r["first_change_painted_ms"] = round(statistics.median(painted), 2)
                 r["first_load_bytes_uncompressed"] = first_load_bytes(site, slug)
                 report["pages"][slug] = r
                 print(slug, json.dumps({k: r[k] for k in ("cold", "cold_ready_over_baseline", "round_trip_ms",
