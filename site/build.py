@@ -119,7 +119,7 @@ def render_explainer(env: jinja2.Environment, e: Explainer, bokeh_js: list[str],
         "api": "api/v1",                     # same origin: `kvx serve` puts the API beside the site
     }
     return env.get_template("explainer.html").render(
-        e=e, version=VERSION, bokeh_js=bokeh_js, bokeh_script=script, bokeh_div=div,
+        e=e, version=VERSION, bokeh_js=bokeh_js, bokeh_script=script, bokeh_div=div, baked=data,
         config_json=_json_for_script(config), sections=sections((explainer_dir(e) / "page.md").read_text()),
         glossary_terms=[terms[t] for t in e.glossary])
 
