@@ -9,6 +9,9 @@ an HTML flex box; its text Divs become `<div data-kvx-text="name">` elements the
 sources, ranges and callbacks still cross between them. Containers without a text stay whole, as the
 view wrote them.
 
+A plot root of a fixed height is written as a `kvx-later` box that holds its height (later_height): the runtime
+draws those below the first screen only after Python is ready, or when the reader scrolls near one.
+
 Which Divs are texts: `text:<name>` (widgets.text) and the animation caption `anim:caption`.
 Controls' error messages stay Bokeh Divs beside their inputs: they change only on a bad value.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 import html
 
 from bokeh.embed import components
-from bokeh.models import Column, Div, Row
+from bokeh.models import Column, Div, Plot, Row
 
 CAPTION = "anim:caption"
 STRETCH = {"stretch_width", "stretch_both", "scale_width", "scale_both"}
@@ -71,7 +74,24 @@ def _html(model, roots: dict, texts: dict, top: bool = False) -> str:
         return f'<div class="kvx-static {_flex(model)}" style="{_style(model)}">{model.text}</div>'
     key = f"root{len(roots)}"
     roots[key] = model
-    return f'<div class="kvx-root {_flex(model)}">\x00{key}\x00</div>'
+    height = later_height(model)
+    if height is None:
+        return f'<div class="kvx-root {_flex(model)}">\x00{key}\x00</div>'
+    return (f'<div class="kvx-root kvx-later {_flex(model)}" style="min-height:{height}px">'
+            f'\x00{key}\x00</div>')
+
+
+def later_height(model) -> int | None:
+    """A plot's height, if the page may draw it after the first screen (static/kvx-page.js, firstScreenFirst):
+    its box holds the height until then, so what is below does not move and the page can tell which plots are
+    on the first screen before any is drawn. Only a plot of a fixed height (its width may stretch) that the page
+    always shows: one drawn two ways (tags kvx:wide and kvx:narrow) is hidden at some widths, and its box
+    would leave a gap there."""
+    if not isinstance(model, Plot) or not model.visible or not model.height or model.sizing_mode not in (None, "fixed", "stretch_width"):
+        return None
+    if {"kvx:wide", "kvx:narrow"} & set(model.tags or ()):
+        return None
+    return int(model.height)
 
 
 def embed(layout, texts: dict[str, str]) -> tuple[str, str]:

@@ -12,6 +12,99 @@ const names = Object.keys(cfg.defaults);
 const state = { data: cfg.baked, frame: 0, wantFrame: null, timer: null, speed: 1, latest: 0, sentAt: 0, ready: false,
                 queued: false, suppress: false, applied: 0, latestFrame: 0, queuedFrame: null,
                 handled: 0, handledFrame: 0 };     // the newest request and frame request whose reply came back
+// ---- the first screen first ----------------------------------------------------------------------------
+// BokehJS builds, lays out and paints every root of a page before any of it shows, and Python starts only after
+// that (it would compete with the drawing for the CPU). On eviction that was nine plots, most of a 1.2 s first
+// screen, though none of them is on it. So a plot below the first screen (a `kvx-later` box that holds the
+// plot's height: site/dom_layout.py) is drawn after Python is ready, a plot a task so a change never waits
+// long, or at once when the reader scrolls near it. Bokeh's own embed_items is wrapped before its script runs
+// (that waits for DOMContentLoaded, which waits for this module): the same document and views, each root
+// drawn as Bokeh draws it, the ones below the first screen later.
+const later = new Map();     // kvx-later box -> its root model, not drawn yet
+let drawRoot = null;         // (box) -> Promise: draws one of them (set once the document is embedded)
+let lateObserver = null;     // draws a box the reader scrolls near
+let firstScreen = null;      // a Promise: the first screen is drawn (the document exists before its views do)
+const allDrawn = () => html.setAttribute("data-kvx-all-drawn", String(Math.round(performance.now())));
+if (window.Bokeh && window.Bokeh.embed) window.Bokeh.embed.embed_items = firstScreenFirst(window.Bokeh.embed.embed_items);
+
+function firstScreenFirst(standard) {
+  return (docsJson, items) => (firstScreen = embedFirstScreen(standard, docsJson, items));
+}
+
+async function embedFirstScreen(standard, docsJson, items) {
+  const item = items.length === 1 ? items[0] : null;
+  if (!item || item.docid == null || !item.root_ids || !document.querySelector(".kvx-later")) {
+    const views = await standard(docsJson, items);
+    allDrawn();
+    return views;
+  }
+  if (typeof docsJson === "string") docsJson = JSON.parse(Bokeh.require("core/util/string").unescape(docsJson));
+  const d = Bokeh.require("document").Document.from_json(docsJson[item.docid]);
+  const roots = d.roots();
+  const elementOf = (m) => document.getElementById(item.roots[m.id]);
+  const boxOf = (m) => elementOf(m)?.closest(".kvx-later") ?? null;
+  // add_document_standalone draws every model of all_roots (the roots, then the document's config) into
+  // roots[its index there]: here only the config, and the page draws the roots itself, the way it would.
+  const config = d.all_roots.filter((m) => !roots.includes(m));
+  Object.defineProperty(d, "all_roots", { configurable: true, get: () => config });
+  try {
+    await Bokeh.embed.add_document_standalone(d, document.body, [], item.use_for_title);
+  } finally {
+    delete d.all_roots;
+  }
+  const views = d.views_manager;
+  const draw = async (m) => {
+    const view = await views.build_view(m);
+    view.build(elementOf(m));
+    Bokeh.embed.index.add(view);
+  };
+  // Every root but the plots that may wait first (controls have no height until drawn); then, with those laid
+  // out, the plots whose boxes start on the first screen. The others wait.
+  for (const m of roots) if (!boxOf(m)) await draw(m);
+  const bottom = window.innerHeight;
+  for (const m of roots) {
+    const box = boxOf(m);
+    if (!box) continue;
+    if (box.getBoundingClientRect().top < bottom) {
+      await draw(m);
+      box.style.minHeight = "";
+    } else later.set(box, m);
+  }
+  drawRoot = async (box) => {
+    const entry = later.get(box);        // its root model
+    if (!entry) return;
+    later.delete(box);
+    lateObserver?.unobserve(box);
+    await draw(entry);
+    box.style.minHeight = "";
+    refit();                           // its titles and labels, as the others' were
+    if (!later.size) allDrawn();
+  };
+  if (!later.size) allDrawn();
+  // From the reader's first scroll on (not before: a plot just below the first screen would be drawn with it),
+  // a plot within a screen of what they see is drawn at once.
+  if ("IntersectionObserver" in window && later.size) {
+    window.addEventListener("scroll", () => {
+      lateObserver = new IntersectionObserver((seen) => {
+        for (const e of seen) if (e.isIntersecting) drawRoot(e.target);
+      }, { rootMargin: "100% 0px" });
+      for (const box of later.keys()) lateObserver.observe(box);
+    }, { once: true, passive: true });
+  }
+  return [views];
+}
+
+// The rest, once Python is ready (or cannot start): one plot a task, in page order, when the main thread is idle.
+function drawTheRest() {
+  if (!drawRoot || !later.size) return;
+  const soon = window.requestIdleCallback ? (f) => window.requestIdleCallback(f, { timeout: 100 }) : (f) => setTimeout(f, 0);
+  const next = () => {
+    const box = later.keys().next().value;
+    if (box) drawRoot(box).then(() => soon(next));
+  };
+  soon(next);
+}
+
 // Per change, ms from the request sent: to its reply applied to the plots' sources (timings), and to the end of
 // the frame that shows it (painted: what a reader waits for). BokehJS takes the new data in and repaints its
 // canvases after the first, in that frame, which on most pages costs more than everything before it (one
@@ -576,6 +669,7 @@ function startWorker() {
       drawn.then(() => {
         html.dataset.pyReadyMs = String(Math.round(performance.now()));   // since navigation start
         html.setAttribute("data-py-ready", "");
+        drawTheRest();
       });
       state.readyText = `Python is ready (${((performance.now() - t0) / 1000).toFixed(1)} s): every control is live.`;
       setStatus(state.readyText, "ready");
@@ -584,6 +678,7 @@ function startWorker() {
       if (state.queuedFrame !== null) { const k = state.queuedFrame; state.queuedFrame = null; requestFrame(k); }
     } else if (msg.type === "failed") {
       setStatus(`Python could not start (${msg.message}); the plots keep the precomputed values.`, "failed");
+      drawn.then(drawTheRest);
     } else if (msg.type === "warmed") {
       if (msg.reply.ok) warmDrawing(msg.reply.data, msg.other && msg.other.ok ? msg.other.data : null);
       html.dataset.kvxWarmed = "";                                        // tests: the drawing has been warmed
@@ -654,6 +749,7 @@ function workerDied(message) {
   state.ready = false;
   html.removeAttribute("data-py-ready");
   html.dataset.kvxWorkerDied = String(Number(html.dataset.kvxWorkerDied || 0) + 1);
+  drawn.then(drawTheRest);
   flushURL();                                      // no reply is coming to write it
   setStatus(`The Python worker stopped (${message}); the plots keep their last values, and Python restarts ` +
             "on your next change.", "failed");
@@ -1097,7 +1193,8 @@ function whenBokehReady() {
   return new Promise((resolve) => {
     const poll = () => {
       const d = window.Bokeh && window.Bokeh.documents && window.Bokeh.documents[0];
-      if (d && d.get_model_by_name(`param:${names[0]}`)) resolve(d); else setTimeout(poll, 20);
+      if (d && d.get_model_by_name(`param:${names[0]}`)) (firstScreen || Promise.resolve()).then(() => resolve(d));
+      else setTimeout(poll, 20);
     };
     poll();
   });
@@ -1124,7 +1221,7 @@ narrow.addEventListener("change", () => { pickByWidth(); scalePlotFonts(plotFont
 window.addEventListener("resize", refit);
 state.params = cfg.defaults;
 apply(cfg.baked, false);
-html.setAttribute("data-kvx-drawn", String(Math.round(performance.now())));   // first plot, ms since navigation
+html.setAttribute("data-kvx-drawn", String(Math.round(performance.now())));   // the first screen, ms since navigation
 state.plotted = true;
 worker?.postMessage({ type: "go" });           // Python starts now that it no longer competes with the drawing
 applyURL(location.search, true);

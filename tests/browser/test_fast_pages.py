@@ -159,7 +159,8 @@ def test_the_style_reads_the_page_skips_would_give_what_it_uses_on_every_page(of
     for slug in REGISTRY:
         page.set_viewport_size({"width": 1280, "height": 900})
         page.goto(f"{site_url}/{slug}.html")
-        page.wait_for_selector("html[data-kvx-drawn]", state="attached", timeout=30_000)
+        # Every plot, the ones below the first screen too (drawn once Python is ready), each as it first painted.
+        page.wait_for_selector("html[data-kvx-all-drawn]", state="attached", timeout=READY_MS)
         assert page.evaluate(RECORD_CSS_LOOKUPS), f"{slug}: the page does not skip Bokeh's CSS lookups"
         sizes = page.evaluate(FONT_SIZES)                              # as kept since the first paint
         assert sizes and all(read == kept for read, kept in sizes), (slug, "first paint", sizes)
@@ -255,3 +256,65 @@ def test_a_change_is_counted_on_screen_after_bokeh_has_repainted_it(offline_page
     assert after_apply, "BokehJS drew nothing after the reply was applied"
     assert max(after_apply) <= painted_at, (max(after_apply) - applied_at, t["painted"] - t["applied"])
     assert t["painted"] > t["applied"]
+
+
+# ---- the first screen first (kvx-page.js, firstScreenFirst; site/dom_layout.py, later_height) ----------------
+# What each kvx-later box holds at a moment: [its top, whether its plot is drawn, its reserved min-height].
+BOXES = """Array.from(document.querySelectorAll('.kvx-later')).map(b => [Math.round(b.getBoundingClientRect().top
+    + scrollY), b.querySelector('[data-root-id]').children.length > 0, b.style.minHeight])"""
+# Records BOXES the moment the page marks its first screen drawn (before any other task can draw more).
+AT_FIRST_SCREEN = """new MutationObserver((_, obs) => {
+    if (!document.documentElement.hasAttribute('data-kvx-drawn')) return;
+    obs.disconnect();
+    window.atFirstScreen = %s;
+  }).observe(document, {attributes: true, subtree: true, attributeFilter: ['data-kvx-drawn']});""" % BOXES
+# A worker that never answers: Python is never ready, so only the reader's scrolling draws a plot.
+SILENT_WORKER = """window.Worker = class { constructor() {} postMessage() {} terminate() {} addEventListener() {} };"""
+
+
+def test_plots_below_the_first_screen_are_drawn_after_python_is_ready_where_they_were_kept(offline_page, site_url):
+    page = offline_page                      # 1280 x 720: on eviction every plot is below the first screen
+    page.add_init_script(AT_FIRST_SCREEN)
+    page.goto(f"{site_url}/eviction.html")
+    page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+    first = page.evaluate("window.atFirstScreen")
+    assert len(first) == 9, first                             # the nine plots of fixed height
+    assert [drawn for _, drawn, _ in first] == [False] * 9
+    assert all(h.endswith("px") and int(h[:-2]) >= 260 for _, _, h in first), first
+    assert page.locator(".bk-input-group input").count() >= 3      # the controls are on it, drawn
+    page.wait_for_selector("html[data-kvx-all-drawn]", state="attached", timeout=30_000)
+    after = page.evaluate(BOXES)
+    assert [drawn for _, drawn, _ in after] == [True] * 9
+    assert [h for _, _, h in after] == [""] * 9                # the reservation is gone once drawn
+    assert [top for top, _, _ in after] == [top for top, _, _ in first], "a plot moved when the ones above were drawn"
+    empty = page.evaluate("Array.from(document.querySelectorAll('[data-root-id]')).filter(e => !e.children.length).length")
+    assert empty == 0, f"{empty} of the page's Bokeh roots were never drawn"
+    drawn_at, every = page.evaluate("[Number(document.documentElement.dataset.kvxDrawn), "
+                                    "Number(document.documentElement.dataset.kvxAllDrawn)]")
+    assert every >= int(page.evaluate("document.documentElement.dataset.pyReadyMs")) > drawn_at
+
+
+def test_a_plot_the_reader_scrolls_to_is_drawn_before_python_is_ready(offline_page, site_url):
+    page = offline_page
+    page.add_init_script(SILENT_WORKER)
+    page.goto(f"{site_url}/eviction.html")
+    page.wait_for_selector("html[data-kvx-drawn]", state="attached", timeout=30_000)
+    page.wait_for_timeout(500)
+    assert [drawn for _, drawn, _ in page.evaluate(BOXES)] == [False] * 9      # nothing scrolled: nothing more
+    page.evaluate("document.querySelectorAll('.kvx-later')[8].scrollIntoView()")     # the last plot, 4,453 px down
+    page.wait_for_function(f"({BOXES}).at(-1)[1]", timeout=10_000)
+    boxes = page.evaluate(BOXES)
+    assert boxes[-1][1] and boxes[-1][2] == ""
+    assert boxes[-2][1], "the plot right above what the reader sees (within a screen) was not drawn ahead"
+    assert not any(drawn for _, drawn, _ in boxes[:4]), "plots several screens above what the reader sees were drawn"
+    assert not page.locator("html[data-py-ready]").count()
+
+
+def test_plots_below_the_first_screen_are_drawn_when_python_cannot_start(offline_page, site_url):
+    page = offline_page
+    page.context.route("**/pyodide.mjs", lambda route: route.fulfill(status=404, body="gone"))
+    page.goto(f"{site_url}/eviction.html")
+    page.wait_for_selector("html[data-kvx-all-drawn]", state="attached", timeout=60_000)
+    assert "could not start" in page.locator("#kvx-status").inner_text()
+    assert [drawn for _, drawn, _ in page.evaluate(BOXES)] == [True] * 9
+    page.errors.clear()                      # the failed import is reported on the console, as it should be

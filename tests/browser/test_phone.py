@@ -134,6 +134,8 @@ def open_page(contexts):
         page.goto(url)
         page.wait_for_selector("html[data-kvx-drawn]", state="attached", timeout=30_000)
         page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
+        # Every plot, the ones below the first screen too (drawn after Python is ready): these tests read them all.
+        page.wait_for_selector("html[data-kvx-all-drawn]", state="attached", timeout=30_000)
         return page
     yield opener
     for page in pages:

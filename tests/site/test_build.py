@@ -167,3 +167,27 @@ def test_texts_are_plain_dom_outside_bokeh(built_site):
     eviction = REGISTRY["eviction"]
     findings = eviction.page_data(eviction.params())["texts"]["findings"]
     assert findings[:60] in html
+
+
+@pytest.mark.parametrize("slug", ["eviction", "load-balancer", "mla"])
+def test_the_first_screen_is_whole_before_any_script_runs(built_site, slug):
+    """The baked readouts, notes and formula are written by the build, in the runtime's markup (kvx-page.js,
+    renderReadouts and renderFormula), so the page does not move down when the runtime writes them again; every
+    plot of fixed height that is always shown sits in a kvx-later box that holds its height, so the runtime can
+    tell which plots are on the first screen before it draws any (firstScreenFirst)."""
+    from markupsafe import escape                 # Jinja's own escaping, as the template writes them
+    page = (built_site / f"{slug}.html").read_text()
+    e = REGISTRY[slug]
+    data = json.loads(json.dumps(e.page_data(e.params())))
+    readouts = re.search(r'<div id="kvx-readouts"[^>]*>(.*?)</div>\s*<div id="kvx-notes"', page, re.S).group(1)
+    want = "".join(f'<div class="kvx-readout"><div class="kvx-readout-label">{escape(r["label"])}</div>'
+                   f'<div class="kvx-readout-value">{escape(r["value"])}</div>'
+                   f'<div class="kvx-readout-detail">{escape(r["detail"])}</div></div>'
+                   for r in data["readouts"])
+    assert readouts and readouts == want
+    formula = re.search(r'<div id="kvx-formula" class="kvx-formula">(.*?)</div>\s*(<h3>|</section>)', page, re.S).group(1)
+    assert formula.count('class="kvx-formula-line"') == len(data["formula"])
+    assert escape(f"= {data['formula'][-1]['result']}") in formula
+    heights = [int(h) for h in re.findall(r'class="kvx-root kvx-later [^"]*" style="min-height:(\d+)px"', page)]
+    assert len(heights) >= 2 and all(h >= 200 for h in heights), heights
+    assert page.count('class="kvx-root') > len(heights)              # the controls are drawn at once
