@@ -77,7 +77,6 @@ async function embedFirstScreen(standard, docsJson, items) {
     lateObserver?.unobserve(box);
     await draw(entry);
     box.style.minHeight = "";
-    refit();                           // its titles and labels, as the others' were
     if (!later.size) allDrawn();
   };
   if (!later.size) allDrawn();
@@ -86,7 +85,7 @@ async function embedFirstScreen(standard, docsJson, items) {
   if ("IntersectionObserver" in window && later.size) {
     window.addEventListener("scroll", () => {
       lateObserver = new IntersectionObserver((seen) => {
-        for (const e of seen) if (e.isIntersecting) drawRoot(e.target);
+        for (const e of seen) if (e.isIntersecting) drawRoot(e.target).then(refit);   // titles fitted, as the others
       }, { rootMargin: "100% 0px" });
       for (const box of later.keys()) lateObserver.observe(box);
     }, { once: true, passive: true });
@@ -94,13 +93,16 @@ async function embedFirstScreen(standard, docsJson, items) {
   return [views];
 }
 
-// The rest, once Python is ready (or cannot start): one plot a task, in page order, when the main thread is idle.
+// The rest, once Python is ready (or cannot start): one plot a task, in page order, when the main thread is
+// idle and no reply is on its way (a plot's drawing, 50-200 ms, would hold up the reply's).
 function drawTheRest() {
   if (!drawRoot || !later.size) return;
   const soon = window.requestIdleCallback ? (f) => window.requestIdleCallback(f, { timeout: 100 }) : (f) => setTimeout(f, 0);
   const next = () => {
     const box = later.keys().next().value;
-    if (box) drawRoot(box).then(() => soon(next));
+    if (!box) return refit();          // their titles and labels, fitted as the first screen's were
+    if (awaitingReply()) return setTimeout(() => soon(next), 20);
+    drawRoot(box).then(() => soon(next));
   };
   soon(next);
 }
@@ -1193,8 +1195,12 @@ function whenBokehReady() {
   return new Promise((resolve) => {
     const poll = () => {
       const d = window.Bokeh && window.Bokeh.documents && window.Bokeh.documents[0];
-      if (d && d.get_model_by_name(`param:${names[0]}`)) (firstScreen || Promise.resolve()).then(() => resolve(d));
-      else setTimeout(poll, 20);
+      // The first screen drawn, or failed to be (said on the console): the page goes on with what it has.
+      if (d && d.get_model_by_name(`param:${names[0]}`)) {
+        (firstScreen || Promise.resolve()).catch((err) => console.error(err)).then(() => resolve(d));
+      } else {
+        setTimeout(poll, 20);
+      }
     };
     poll();
   });

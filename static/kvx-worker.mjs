@@ -33,6 +33,20 @@ const yieldToEvents = () => new Promise((resolve) => {
 // A long replay (a big uploaded trace) reports how far it is; the page shows it while Python works.
 self.kvxProgress = (share, text) => self.postMessage({ type: "progress", id: current, share, text });
 
+// Pyodide's loader fetches its WebAssembly itself, and when that fails (an HTTP error, the network), Emscripten
+// aborts from a callback and loadPyodide never settles: the page said "warming up" for good. So this worker
+// watches that fetch, and a failed one fails the start (wasmLost rejects the promise start is raced against).
+let wasmLost = () => {};
+const plainFetch = self.fetch.bind(self);
+self.fetch = (input, init) => {
+  const answer = plainFetch(input, init);
+  if (String(input && input.url || input).endsWith(".wasm")) {
+    answer.then((r) => { if (!r.ok) wasmLost(new Error(`Python's WebAssembly answered HTTP ${r.status}`)); },
+                (err) => wasmLost(new Error(`Python's WebAssembly could not be fetched (${err && err.message || err})`)));
+  }
+  return answer;
+};
+
 // The model wheel is fetched while Pyodide core loads (not after it), then unzipped into
 // site-packages with the standard library: it is pure Python, so that is all installing it takes.
 const UNPACK = `
@@ -129,9 +143,10 @@ self.onmessage = async (event) => {
   if (msg.type === "go") {
     go();
   } else if (msg.type === "init") {
+    const lost = new Promise((_, reject) => { wasmLost = reject; });     // self.fetch, above
     starting = start(msg.wheel, msg.pyodide, msg.snapshot);
     try {
-      const { ms, from } = await starting;
+      const { ms, from } = await Promise.race([starting, lost]);
       self.postMessage({ type: "ready", ms, from });
     } catch (err) {
       self.postMessage({ type: "failed", message: String(err && err.message || err) });
