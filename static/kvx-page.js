@@ -24,7 +24,12 @@ const later = new Map();     // kvx-later box -> its root model, not drawn yet
 let drawRoot = null;         // (box) -> Promise: draws one of them (set once the document is embedded)
 let lateObserver = null;     // draws a box the reader scrolls near
 let firstScreen = null;      // a Promise: the first screen is drawn (the document exists before its views do)
-const allDrawn = () => html.setAttribute("data-kvx-all-drawn", String(Math.round(performance.now())));
+const onAllDrawn = [];        // what waits for every plot to be drawn (whenAllDrawn)
+function allDrawn() {
+  html.setAttribute("data-kvx-all-drawn", String(Math.round(performance.now())));
+  for (const f of onAllDrawn.splice(0)) f();
+}
+const whenAllDrawn = (f) => (html.hasAttribute("data-kvx-all-drawn") ? f() : onAllDrawn.push(f));
 if (window.Bokeh && window.Bokeh.embed) window.Bokeh.embed.embed_items = firstScreenFirst(window.Bokeh.embed.embed_items);
 
 function firstScreenFirst(standard) {
@@ -682,8 +687,12 @@ function startWorker() {
       setStatus(`Python could not start (${msg.message}); the plots keep the precomputed values.`, "failed");
       drawn.then(drawTheRest);
     } else if (msg.type === "warmed") {
-      if (msg.reply.ok) warmDrawing(msg.reply.data, msg.other && msg.other.ok ? msg.other.data : null);
-      html.dataset.kvxWarmed = "";                                        // tests: the drawing has been warmed
+      // Once every plot is drawn: a plot drawn after it (below the first screen) would run its update paths
+      // for the first time on the reader's first change.
+      whenAllDrawn(() => {
+        if (msg.reply.ok) warmDrawing(msg.reply.data, msg.other && msg.other.ok ? msg.other.data : null);
+        html.dataset.kvxWarmed = "";                                      // tests: the drawing has been warmed
+      });
     } else if (msg.type === "warm-ended") {
       html.dataset.kvxWarmUp = `${msg.runs} runs in ${Math.round(msg.ms)} ms, ended by ${msg.by}`;   // tests, bench
     } else if (msg.type === "result") {
