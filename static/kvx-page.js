@@ -709,7 +709,7 @@ function startWorker() {
     workerDied(event.message || "an error in the worker");
   };
   for (const event of started.early) (event.type === "error" ? worker.onerror : worker.onmessage)(event);
-  if (state.plotted) worker.postMessage({ type: "go" });     // else once the first plot is drawn (below)
+  if (state.plotted) worker.postMessage({ type: "go" });     // else once the first screen is drawn (below)
 }
 
 // The reader's first change also paid for the first run of Bokeh's update and drawing paths and of the page's
