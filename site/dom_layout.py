@@ -87,7 +87,9 @@ def later_height(model) -> int | None:
     on the first screen before any is drawn. Only a plot of a fixed height (its width may stretch) that the page
     always shows: one drawn two ways (tags kvx:wide and kvx:narrow) is hidden at some widths, and its box
     would leave a gap there."""
-    if not isinstance(model, Plot) or not model.visible or not model.height or model.sizing_mode not in (None, "fixed", "stretch_width"):
+    if not isinstance(model, Plot) or not model.visible or not model.height:
+        return None
+    if model.sizing_mode not in (None, "fixed", "stretch_width"):
         return None
     if {"kvx:wide", "kvx:narrow"} & set(model.tags or ()):
         return None

@@ -62,6 +62,8 @@ async function embedFirstScreen(standard, docsJson, items) {
     const view = await views.build_view(m);
     view.build(elementOf(m));
     Bokeh.embed.index.add(view);
+    const box = boxOf(m);
+    if (box) box.style.minHeight = "";   // drawn: the plot holds its own height (narrower on a phone, say)
   };
   // Every root but the plots that may wait first (controls have no height until drawn); then, with those laid
   // out, the plots whose boxes start on the first screen. The others wait.
@@ -70,10 +72,8 @@ async function embedFirstScreen(standard, docsJson, items) {
   for (const m of roots) {
     const box = boxOf(m);
     if (!box) continue;
-    if (box.getBoundingClientRect().top < bottom) {
-      await draw(m);
-      box.style.minHeight = "";
-    } else later.set(box, m);
+    if (box.getBoundingClientRect().top < bottom) await draw(m);
+    else later.set(box, m);
   }
   drawRoot = async (box) => {
     const entry = later.get(box);        // its root model
@@ -81,7 +81,6 @@ async function embedFirstScreen(standard, docsJson, items) {
     later.delete(box);
     lateObserver?.unobserve(box);
     await draw(entry);
-    box.style.minHeight = "";
     if (!later.size) allDrawn();
   };
   if (!later.size) allDrawn();

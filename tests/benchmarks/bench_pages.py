@@ -90,7 +90,7 @@ def ready_ms(page, url: str, retry: bool = True) -> dict:
             "boot": page.evaluate("document.documentElement.dataset.kvxBoot || null")}
 
 
-def all_plots_ms(page) -> int | None:
+def all_plots_ms(page) -> int:
     """When the page had drawn every plot, the ones below its first screen too (ms since navigation)."""
     page.wait_for_selector("html[data-kvx-all-drawn]", state="attached", timeout=30_000)
     return int(page.evaluate("Number(document.documentElement.dataset.kvxAllDrawn)"))
