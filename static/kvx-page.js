@@ -726,7 +726,10 @@ function warmDrawing(data, other) {
     setRanges(within(other.ranges, data.ranges));
     applyWords({ ...other, texts: within(other.texts, data.texts) });
   }
-  setSources(data.sources, true);                                // the opening data, as drawn: forced, on purpose
+  // The opening data again, compared with what each source holds as a reply's is (sameColumns walks every
+  // column that did not change, and no change had run it before the reader's first); with no other value to
+  // compare with, given again by force (equal columns are skipped, and nothing would run).
+  setSources(data.sources, !other);
   setRanges(data.ranges);
   applyWords(data);
   errorBoxList();                                                // found once, before a reply needs them
