@@ -24,10 +24,14 @@ def label(name: str, slug: str | None = None) -> str:
     return widgets.title(spec)
 
 
-def set_control(page, name: str, value: str, slug: str | None = None) -> None:
-    """Type into a control the way a reader does: select its text, type, press Enter."""
+def set_control(page, name: str, value: str, slug: str | None = None, pause_ms: int = 0) -> None:
+    """Type into a control the way a reader does: select its text, type, press Enter. `pause_ms` between the
+    typing and the Enter: a reader's keys come tens of ms apart, so the browser has drawn what was typed before
+    the Enter comes (the page benchmark's pace; tests need no pause)."""
     box = page.locator(f".bk-input-group:has(label:text-is('{label(name, slug)}')) input")
     box.fill(value)
+    if pause_ms:
+        page.wait_for_timeout(pause_ms)
     box.press("Enter")
 
 
