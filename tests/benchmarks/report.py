@@ -40,14 +40,15 @@ def pages_md(b: dict) -> list[str]:
              f"nine, right before and after the page's changes: how fast this drifting host was while they were "
              f"timed.", "",
              "| page | first screen drawn; every plot drawn | Python ready, cold (× its baseline: median over the cold loads) | boot | first "
-             "change 1 s after ready (cold, median over the cold loads; after a reload) / the rest, median | round trip "
+             "change 1 s after ready (cold, median over the cold loads; after a reload) / the rest, median (the first value "
+             "again, at the end) | round trip "
              "p50 / p95 | on screen p50 / p95 | Python p50 / p95 | first visit on the wire | reload | second page |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for slug, r in b["pages"].items():
         w = r["wire_bytes"]
         lines.append(f"| {slug} | {drawn(r['cold'])} | {r['cold']['py_ready_ms']:,} ms "
                      f"({r['cold_ready_over_baseline']:.2f}) | {r['cold'].get('boot') or '-'} | "
-                     f"{r['first_change_ms']:.0f}{reload_first(r)} / {r['rest_median_ms']:.0f} ms | "
+                     f"{r['first_change_ms']:.0f}{reload_first(r)} / {r['rest_median_ms']:.0f}{again(r)} ms | "
                      f"{r['round_trip_ms']['median']:.1f} / {r['round_trip_ms']['p95']:.1f} ms{by_load(r)} | "
                      f"{painted(r)} | "
                      f"{r['python_ms']['median']:.1f} / {r['python_ms']['p95']:.1f} ms{probe(r)} | "
@@ -148,6 +149,12 @@ def probe(r: dict) -> str:
     """How fast the host was before and after the page's changes (bench_pages.host_probe), where measured."""
     p = r.get("host_probe_ms")
     return f" (host probe {p[0]:.1f} / {p[1]:.1f} ms)" if p else ""
+
+
+def again(r: dict) -> str:
+    """The first change's value once more, after the rest, where the run measured it (from 2026-12-03's eleventh
+    session): the first change's like-for-like twin, since a page's first value may cost more or less than the rest."""
+    return f" ({r['first_value_again_ms']:.0f})" if "first_value_again_ms" in r else ""
 
 
 def reload_first(r: dict) -> str:
