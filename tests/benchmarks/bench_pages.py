@@ -75,7 +75,7 @@ def serve(site: Path):
 
 # Between the typed value and its Enter, as between a reader's keys: a fast typist's come about 100 ms apart,
 # and this is faster. With none (Playwright's fill and press, 2-5 ms apart), the browser took in the focus, the
-# typing and the Enter in one burst, and the page's first change paid for the first of them all: 6.1 against
+# typing and the Enter in one burst, and the page's first change paid for the first time of all three: 6.1 against
 # 3.7 ms for the rest on prompt-caching (on screen 37.0 against 23.7), 4.5 against 3.9 (28.6 against 26.9) with
 # this gap, over seven cold loads each.
 KEY_GAP_MS = 60
