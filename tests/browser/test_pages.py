@@ -381,6 +381,9 @@ def test_plot_summaries_equal_cpython_after_a_change_and_describe_their_plots(of
     before = applied(page)
     set_control(page, change[0], change[1], slug)
     wait_applied(page, before)
+    # A plot below the first screen is drawn after ready (kvx-page.js, drawTheRest), and its element, which carries
+    # aria-describedby, exists from then: on a slow host the change came before the last of them.
+    page.wait_for_selector("html[data-kvx-all-drawn]", state="attached", timeout=READY_MS)
     want = summaries.of(expected(slug, **{change[0]: change[1]})["texts"])
     assert want != summaries.of(expected(slug)["texts"])              # the change rewords them
     got = shown_summaries(page)
