@@ -43,6 +43,12 @@ def wait_applied(page, before: int, timeout_ms: int = 60_000) -> None:
     page.wait_for_function(f"Number(document.documentElement.dataset.kvxApplied || 0) > {before}", timeout=timeout_ms)
 
 
+def wait_all_drawn(page, timeout_ms: int = 60_000) -> None:
+    """Every plot drawn, the ones below the first screen too (kvx-page.js draws them once Python is ready, or
+    cannot start): a plot's element, and all it carries, exists only from then."""
+    page.wait_for_selector("html[data-kvx-all-drawn]", state="attached", timeout=timeout_ms)
+
+
 def wait_url(page, *parts: str, timeout_ms: int = 10_000) -> str:
     """The address follows a change once the change is drawn (kvx-page.js, urlSoon): wait until its query has
     every `name=value` part (exactly: step=1 is not step=10), and return it."""

@@ -16,7 +16,7 @@ from kvx.compute.settings import Settings
 from kvx.explainers.registry import REGISTRY
 
 from .conftest import ARGS, CHROMIUM
-from .pagehooks import assert_sources_equal, expected
+from .pagehooks import assert_sources_equal, expected, wait_all_drawn
 
 READY_MS = 90_000
 SLUG, FIELD, VALUE = "paging", "requests", "57"            # a simulation: a change runs real Python
@@ -160,7 +160,7 @@ def test_the_style_reads_the_page_skips_would_give_what_it_uses_on_every_page(of
         page.set_viewport_size({"width": 1280, "height": 900})
         page.goto(f"{site_url}/{slug}.html")
         # Every plot, the ones below the first screen too (drawn once Python is ready), each as it first painted.
-        page.wait_for_selector("html[data-kvx-all-drawn]", state="attached", timeout=READY_MS)
+        wait_all_drawn(page, READY_MS)
         assert page.evaluate(RECORD_CSS_LOOKUPS), f"{slug}: the page does not skip Bokeh's CSS lookups"
         sizes = page.evaluate(FONT_SIZES)                              # as kept since the first paint
         assert sizes and all(read == kept for read, kept in sizes), (slug, "first paint", sizes)
@@ -282,7 +282,7 @@ def test_plots_below_the_first_screen_are_drawn_after_python_is_ready_where_they
     assert [drawn for _, drawn, _ in first] == [False] * 9
     assert all(h.endswith("px") and int(h[:-2]) >= 260 for _, _, h in first), first
     assert page.locator(".bk-input-group input").count() >= 3      # the controls are on it, drawn
-    page.wait_for_selector("html[data-kvx-all-drawn]", state="attached", timeout=30_000)
+    wait_all_drawn(page, 30_000)
     after = page.evaluate(BOXES)
     assert [drawn for _, drawn, _ in after] == [True] * 9
     assert [h for _, _, h in after] == [""] * 9                # the reservation is gone once drawn
@@ -318,7 +318,7 @@ def test_a_page_whose_python_cannot_start_says_so_and_draws_every_plot(offline_p
     page = offline_page
     page.context.route(f"**/{missing}", lambda route: route.fulfill(status=404, body="gone"))
     page.goto(f"{site_url}/eviction.html")
-    page.wait_for_selector("html[data-kvx-all-drawn]", state="attached", timeout=60_000)
+    wait_all_drawn(page, 60_000)
     page.wait_for_function("document.getElementById('kvx-status').innerText.includes('could not start')",
                            timeout=30_000)
     assert [drawn for _, drawn, _ in page.evaluate(BOXES)] == [True] * 9

@@ -9,7 +9,8 @@ import pytest
 
 from kvx.explainers.registry import REGISTRY
 
-from .pagehooks import applied, assert_sources_equal, expected, set_control, source_data, wait_applied, wait_url
+from .pagehooks import (applied, assert_sources_equal, expected, set_control, source_data, wait_all_drawn, wait_applied,
+                        wait_url)
 
 READY_MS = 90_000     # cold Pyodide start on a busy 2-core machine; typically 3-8 s
 
@@ -383,7 +384,7 @@ def test_plot_summaries_equal_cpython_after_a_change_and_describe_their_plots(of
     wait_applied(page, before)
     # A plot below the first screen is drawn after ready (kvx-page.js, drawTheRest), and its element, which carries
     # aria-describedby, exists from then: on a slow host the change came before the last of them.
-    page.wait_for_selector("html[data-kvx-all-drawn]", state="attached", timeout=READY_MS)
+    wait_all_drawn(page, READY_MS)
     want = summaries.of(expected(slug, **{change[0]: change[1]})["texts"])
     assert want != summaries.of(expected(slug)["texts"])              # the change rewords them
     got = shown_summaries(page)

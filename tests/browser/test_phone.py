@@ -19,7 +19,7 @@ from kvx.site import widgets
 from kvx.site.vendor import axe_core_js
 
 from .conftest import SHOTS
-from .pagehooks import wait_url
+from .pagehooks import wait_all_drawn, wait_url
 
 READY_MS = 90_000
 SIZES = {
@@ -135,7 +135,7 @@ def open_page(contexts):
         page.wait_for_selector("html[data-kvx-drawn]", state="attached", timeout=30_000)
         page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
         # Every plot, the ones below the first screen too (drawn after Python is ready): these tests read them all.
-        page.wait_for_selector("html[data-kvx-all-drawn]", state="attached", timeout=30_000)
+        wait_all_drawn(page, 30_000)
         return page
     yield opener
     for page in pages:
