@@ -276,3 +276,17 @@ def test_trace_frames_equal_a_fresh_replay_in_any_order(text, capacity, frames):
         got = frame_data(p, k)["sources"]["tree"]
         assert sorted(zip(*got.values())) == sorted(zip(*want.values())), k
     assert [o.matched for o in history(p)] == [s.cached for s in replay(reqs, capacity // 512)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.lists(st.integers(0, 40), min_size=1, max_size=8)), max_size=30))
+def test_block_owners_is_the_one_session_holding_a_block_else_shared(prompts):
+    """traces.block_owners against its definition, block by block: the sessions whose prompts hold the block, one
+    of them or SHARED."""
+    requests = [traces.Request(i, float(i), 512, 0, tuple(ids), session, 0) for i, (session, ids) in enumerate(prompts)]
+    holders: dict = {}
+    for q in requests:
+        for b in q.blocks:
+            holders.setdefault(b, set()).add(q.session)
+    expected = {b: next(iter(s)) if len(s) == 1 else traces.SHARED for b, s in holders.items()}
+    assert traces.block_owners(requests) == expected
