@@ -277,9 +277,12 @@ def unlimited_cache_hits(records: Iterable[dict], block_size: int = BLOCK_SIZE) 
     return _unlimited(((r["hash_ids"], r["input_length"]) for r in rows), block_size)
 
 
-def unlimited_prefix_hits(requests, block_size: int = BLOCK_SIZE) -> tuple[int, int]:
-    """unlimited_cache_hits over requests already in arrival order."""
-    return _unlimited(((q.blocks, q.input_length) for q in requests), block_size)
+def unlimited_prefix_hits(requests, block_size: int = BLOCK_SIZE, chained: bool = False) -> tuple[int, int]:
+    """unlimited_cache_hits over requests already in arrival order. `chained`: the caller knows every id stands for
+    its whole prefix (see chained()), so the leading ids seen are found by bisection, and only the ids after them
+    are new (in Pyodide at 64 sessions of the load balancer's synthetic trace, a third of the time)."""
+    prompts = ((q.blocks, q.input_length) for q in requests)
+    return _unlimited_chained(prompts, block_size) if chained else _unlimited(prompts, block_size)
 
 
 def _unlimited(prompts, block_size: int) -> tuple[int, int]:
@@ -290,4 +293,21 @@ def _unlimited(prompts, block_size: int) -> tuple[int, int]:
         found += min(n * block_size, length)
         total += length
         seen.update(ids)
+    return found, total
+
+
+def _unlimited_chained(prompts, block_size: int) -> tuple[int, int]:
+    seen: set = set()
+    found = total = 0
+    for ids, length in prompts:
+        lo, hi = 0, len(ids) + 1         # ids[:lo] all seen, ids[:hi] not: a seen id means its prefix was seen
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if ids[mid - 1] in seen:
+                lo = mid
+            else:
+                hi = mid
+        found += min(lo * block_size, length)
+        total += length
+        seen.update(ids[lo:])
     return found, total

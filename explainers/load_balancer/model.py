@@ -277,7 +277,7 @@ def _synthetic(values: tuple, block_size: int) -> Workload:
                   for i, (ts, n, out, ids, s, turn) in enumerate(synthetic_prompts(p))])
     # Chained by construction (_extend numbers a block by the id before it and its tokens), so not counted;
     # test_synthetic_trace_is_mooncake_shaped_and_chained checks it with traces.chained.
-    found, total = traces.unlimited_prefix_hits(reqs, p.block_size)
+    found, total = traces.unlimited_prefix_hits(reqs, p.block_size, chained=True)
     return Workload(reqs, traces.block_owners(reqs), False, True, found, True, total)
 
 

@@ -144,6 +144,7 @@ def test_every_prompt_token_is_found_reloaded_recomputed_or_new(text, blocks, po
         assert s.size_blocks <= blocks                               # capacity never exceeded
         assert offload or s.reloaded == 0
     assert sum(s.history for s in served) == traces.unlimited_cache_hits(recs)[0]
+    assert traces.unlimited_prefix_hits(reqs, chained=True) == traces.unlimited_cache_hits(recs)   # by bisection
     unlimited = replay(reqs, 10 ** 6, policy, offload)
     assert all(s.cached == s.history for s in unlimited)             # a cache that never fills finds everything
 
