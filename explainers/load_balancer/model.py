@@ -326,34 +326,43 @@ class Replica:
         for b in job.request.blocks:
             promised[b] = promised.get(b, 0) + sign
 
-    def load(self, now: float) -> float:
-        """Tokens of prefill still to do here: the waiting prompts' uncached parts and the part of the running
-        one not yet done (its time left as a share of its time)."""
-        j = self.running
+
+# What the routers read of the fleet, for every replica in one call: a change replays about a thousand routings
+# a router, and one call per replica and quantity was a tenth of a cache-aware replay in Pyodide.
+def fleet_loads(fleet: list[Replica], now: float) -> list[float]:
+    """Tokens of prefill still to do at each replica: the waiting prompts' uncached parts and the part of the
+    running one not yet done (its time left as a share of its time)."""
+    out = []
+    for r in fleet:
+        j = r.running
         if j is None or j.end <= now:
-            return float(self.queued)
-        left = (j.request.input_length - j.matched) * (j.end - now) / (j.end - j.start)
-        return self.queued + left
+            out.append(float(r.queued))
+        else:
+            out.append(r.queued + (j.request.input_length - j.matched) * (j.end - now) / (j.end - j.start))
+    return out
 
-    def expected_blocks(self, blocks: tuple) -> int:
-        """Blocks of this prompt the replica holds or will hold once its queue is served: the longest
-        prefix found in its cache, or made of block ids of prompts already sent here (as SGLang's router
-        counts a prompt as soon as it routes it; hash ids are chained, so an id stands for its prefix).
 
-        With chained ids (every id always follows the same id, as Mooncake's do) an id of a prompt on its way
-        here stands for that prompt's whole prefix up to it, so the prefixes made of such ids are closed under
-        taking a shorter one, and the longest is found by bisection: an id is on its way if the latest prompt
-        sent here that holds it (`latest`) has not been stored yet, that is, comes at or after the prompt
-        running or first waiting in the queue. A few lookups, where comparing the prompt with every prompt
-        queued here took one step each (a saturated replica queues dozens).
+def fleet_expected_blocks(fleet, blocks: tuple) -> list[int]:
+    """Blocks of this prompt each replica holds or will hold once its queue is served: the longest prefix found
+    in its cache, or made of block ids of prompts already sent there (as SGLang's router counts a prompt as soon
+    as it routes it; hash ids are chained, so an id stands for its prefix).
 
-        The cache's own prefix (what tree.peek walks to) is found the same way, by the ids it holds (`cached`):
-        an id in the tree ends the only path to it. Both kinds of prefix are closed under taking a shorter one,
-        so together they are too, and one bisection finds the longest made of ids cached or on their way."""
-        if self.chained:
-            cached, latest = self.cached, self.latest
-            head = self.started - 1 if self.running is not None else self.started   # in `order`: not stored yet
-            lo, hi = 0, len(blocks) + 1              # blocks[:lo] are all cached or on their way; blocks[:hi] not
+    With chained ids (every id always follows the same id, as Mooncake's do) an id of a prompt on its way to a
+    replica stands for that prompt's whole prefix up to it, so the prefixes made of such ids are closed under
+    taking a shorter one, and the longest is found by bisection: an id is on its way if the latest prompt sent
+    there that holds it (`latest`) has not been stored yet, that is, comes at or after the prompt running or first
+    waiting in the queue. A few lookups, where comparing the prompt with every prompt queued there took one step
+    each (a saturated replica queues dozens).
+
+    The cache's own prefix (what tree.peek walks to) is found the same way, by the ids it holds (`cached`): an id
+    in the tree ends the only path to it. Both kinds of prefix are closed under taking a shorter one, so together
+    they are too, and one bisection finds the longest made of ids cached or on their way."""
+    out = []
+    for r in fleet:
+        if r.chained:
+            cached, latest = r.cached, r.latest
+            head = r.started - 1 if r.running is not None else r.started    # in `order`: not stored yet
+            lo, hi = 0, len(blocks) + 1          # blocks[:lo] are all cached or on their way; blocks[:hi] not
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 b = blocks[mid - 1]
@@ -361,14 +370,17 @@ class Replica:
                     lo = mid
                 else:
                     hi = mid
-            return lo
+            out.append(lo)
+            continue
+        promised = r.promised
+        if promised.get(blocks[0], 0) <= 0:      # the usual case: nothing of this prompt is on its way there
+            out.append(r.tree.peek(blocks))
+            continue
         n = 0
-        promised = self.promised
-        if promised.get(blocks[0], 0) <= 0:          # the usual case: nothing of this prompt is on its way here
-            return self.tree.peek(blocks)
         while n < len(blocks) and promised.get(blocks[n], 0) > 0:
             n += 1
-        return max(self.tree.peek(blocks), n)
+        out.append(max(r.tree.peek(blocks), n))
+    return out
 
 
 def cached_tokens(blocks: int, request: Request, block_size: int) -> int:
@@ -380,7 +392,7 @@ class Router:
     """Picks the replica for a request, given the fleet as it is at that moment."""
     key = ""
     name = ""
-    reads_load = False     # whether it looks at the replicas' queued work (Replica.load): only then is it estimated
+    reads_load = False     # whether it looks at the replicas' queued work (fleet_loads): only then is it estimated
 
     def choose(self, req: Request, fleet: list[Replica], now: float, p: LoadBalancerParams, count: int) -> int:
         raise NotImplementedError
@@ -409,8 +421,8 @@ class LeastLoaded(Router):
     reads_load = True
 
     def choose(self, req, fleet, now, p, count):
-        keys = [(r.load(now), r.routed, r.index) for r in fleet]    # a comprehension, not a key function: one
-        return min(keys)[2]                                         # Python call less per replica
+        keys = [(load, r.routed, r.index) for load, r in zip(fleet_loads(fleet, now), fleet)]
+        return min(keys)[2]
 
 
 @functools.lru_cache(maxsize=16)
@@ -440,8 +452,8 @@ class Sticky(Router):
 def cache_aware_scores(req: Request, fleet: list[Replica], now: float, p: LoadBalancerParams) -> list[tuple]:
     """(score, cached tokens, queued tokens) per replica: score = cached − load_weight × queued."""
     weight, size, blocks, length = p.load_weight, p.block_size, req.blocks, req.input_length
-    pairs = [(min(r.expected_blocks(blocks) * size, length), r.load(now)) for r in fleet]    # cached_tokens
-    return [(cached - weight * queued, cached, queued) for cached, queued in pairs]
+    cached = [min(b * size, length) for b in fleet_expected_blocks(fleet, blocks)]     # cached_tokens
+    return [(c - weight * queued, c, queued) for c, queued in zip(cached, fleet_loads(fleet, now))]
 
 
 class CacheAware(Router):
@@ -589,7 +601,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
     w = workload(p)
     requests, size, owners = w.requests, p.block_size, w.owners
     fleet = [Replica(i, RadixTree(capacity_tokens(p) // size), w.chained) for i in range(p.replicas)]
-    track_ids = w.chained and router.reads_load       # Replica.cached: only expected_blocks reads it
+    track_ids = w.chained and router.reads_load       # Replica.cached: only fleet_expected_blocks reads it
     walked = len(snapshot_at) <= WALKED_TALLIES and not peaks_at     # count each snapshot's tally from its tree
     for r in fleet:                                   # else keep each cache's blocks by owner as they come and go
         if not walked:
@@ -603,6 +615,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
     shown, changed = [None] * p.replicas, set(range(p.replicas))      # for _snapshot
     prefill_time: dict = {}                           # (new tokens, cached tokens) -> seconds
     cache_aware, reads_load, long_run = router.key == "cache_aware", router.reads_load, len(requests) > 5_000
+    counts_out = reads_load and not w.chained
     record = events.append
     peak = -1                                         # the longest queue at a request of peaks_at so far
 
@@ -641,8 +654,8 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
             _count(r.tally, owners, new_blocks)
         if track_ids:
             r.cached.update(new_blocks)
-        if reads_load:                                # only they ask what is on its way (expected_blocks)
-            r.send(job, -1)
+        if counts_out:                                # only they ask what is on its way (fleet_expected_blocks);
+            r.send(job, -1)                           # with chained ids a prompt is not counted out (Replica.send)
         r.busy += job.end - job.start
         served[done.index] = _make(Served, (done.index, i, done.arrival, job.start, job.end, job.matched,
                                             done.input_length - job.matched, job.blocks))
@@ -669,7 +682,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
             estimate = q.input_length - sc[r.index][1]        # the cached tokens it scored
         else:
             r = fleet[router.choose(q, fleet, now, p, x)]
-            estimate = (q.input_length - cached_tokens(r.expected_blocks(q.blocks), q, size)
+            estimate = (q.input_length - cached_tokens(fleet_expected_blocks((r,), q.blocks)[0], q, size)
                         if reads_load else 0)        # round-robin and sticky never read it
         r.routed += 1
         r.order.append(x)
