@@ -210,23 +210,26 @@ class _Chain:
     prev: int = -1
 
 
-def _extend(chain: _Chain, segments: list[tuple], block_size: int, ids: dict) -> list[int]:
+def _extend(chain: _Chain, segments: list[tuple], block_size: int, ids: dict) -> tuple:
     """Mooncake-style hash ids of the chain's prompt once `segments` are appended: a block's id depends on its
     tokens and on every block before it (chained), and each new block gets the next integer. Only the new
     tokens are walked, so a long session costs what it adds, not the square of its length."""
+    block, room, prev, full = chain.block, chain.room, chain.prev, chain.full     # locals: read on every block
     for seg in segments:
         key, n, at = seg[:-1], seg[-1], 0
         while at < n:
-            take = min(chain.room, n - at)
-            chain.block.append((key, at, at + take))
-            at, chain.room = at + take, chain.room - take
-            if chain.room == 0:
-                chain.prev = ids.setdefault((chain.prev, tuple(chain.block)), len(ids))
-                chain.full.append(chain.prev)
-                chain.block, chain.room = [], block_size
-    if chain.block:
-        return chain.full + [ids.setdefault((chain.prev, tuple(chain.block)), len(ids))]
-    return list(chain.full)
+            take = room if room < n - at else n - at
+            block.append((key, at, at + take))
+            at += take
+            room -= take
+            if room == 0:
+                prev = ids.setdefault((prev, tuple(block)), len(ids))
+                full.append(prev)
+                block, room = [], block_size
+    chain.block, chain.room, chain.prev = block, room, prev
+    if block:
+        return (*full, ids.setdefault((prev, tuple(block)), len(ids)))
+    return tuple(full)
 
 
 def synthetic_prompts(p: LoadBalancerParams) -> typing.Iterator[tuple]:
@@ -240,9 +243,11 @@ def synthetic_prompts(p: LoadBalancerParams) -> typing.Iterator[tuple]:
         t += rng.expovariate(p.arrival_rate)
         turn = seen[s]
         seen[s] += 1
-        chain = chains.setdefault(s, _Chain([], [], p.block_size))
-        yield (round(t * 1000), p._prompt(turn), p.answer,
-               tuple(_extend(chain, _new_segments(p, s, turn), p.block_size, ids)), s, turn)
+        chain = chains.get(s)
+        if chain is None:
+            chain = chains[s] = _Chain([], [], p.block_size)
+        yield (round(t * 1000), p._prompt(turn), p.answer, _extend(chain, _new_segments(p, s, turn), p.block_size, ids),
+               s, turn)
 
 
 def synthetic_records(p: LoadBalancerParams) -> list[dict]:
