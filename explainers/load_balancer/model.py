@@ -595,8 +595,9 @@ def _uncount(tally: dict, owners: dict, cached: set | None, victim) -> None:
 def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = frozenset(),
              with_events: bool = False, peaks_at: frozenset = frozenset()) -> Run:
     """Replay the workload under one router, with snapshots of the fleet as each request in `snapshot_at` has just
-    been routed, and as each in `peaks_at` has if the fleet's longest queue is then longer than at any earlier
-    one of them (the animation opens on the first at the longest: opening_frame).
+    been routed, and as the first in `peaks_at` at which the fleet's longest queue is at its highest has (the
+    animation opens there: opening_frame). The replay cannot see ahead, so it snapshots each new high and keeps
+    the last.
 
     Events: arrivals and prefill ends, in time order; at equal times a prefill end comes first (so a replica that
     frees up at the moment a request arrives is seen as free), and equal events in the order they were made.
@@ -622,7 +623,7 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
     cache_aware, reads_load, long_run = router.key == "cache_aware", router.reads_load, len(requests) > 5_000
     counts_out = reads_load and not w.chained
     record = events.append
-    peak = -1                                         # the longest queue at a request of peaks_at so far
+    peak, last_high = -1, None                        # the longest queue at a request of peaks_at so far, and where
 
     def start(r: Replica, now: float) -> None:
         changed.add(r.index)
@@ -706,7 +707,9 @@ def simulate(p: LoadBalancerParams, router: Router, snapshot_at: frozenset = fro
         queues.append(longest)
         new_high = longest > peak and x in peaks_at
         if new_high:
-            peak = longest
+            if last_high is not None and last_high not in snapshot_at:
+                del snaps[last_high]                  # superseded: only the highest is kept
+            peak, last_high = longest, x
         if new_high or x in snapshot_at:
             snaps[x] = _snapshot(fleet, shown, changed, owners if walked else None)
     while ends:                                       # the prefills still running after the last arrival
@@ -767,13 +770,11 @@ def replay_cache_blind(p: LoadBalancerParams, router: Router, snapshot_at: froze
         tree.clear()
     place = {x: k for k, x in enumerate(arrivals)}    # request -> its position in arrival order
     queues, left = _longest_queues(served, arrivals, place, p.replicas)
-    shots, peak = [], -1                              # the arrivals to snapshot, in order
+    top, peak = None, -1                              # of peaks_at, the first arrival at the longest queue
     for k, x in enumerate(arrivals):
-        new_high = queues[k] > peak and x in peaks_at
-        if new_high:
-            peak = queues[k]
-        if new_high or x in snapshot_at:
-            shots.append(x)
+        if queues[k] > peak and x in peaks_at:
+            top, peak = x, queues[k]
+    shots = [x for x in arrivals if x in snapshot_at or x == top]     # in arrival order
     snaps = _snapshots_from_logs(shots, place, left, served, orders, logs, w.owners) if shots else {}
     return Run(router.key, tuple(served), (), tuple(busy), tuple(queues), snaps, tuple(evicted), {})
 
@@ -862,9 +863,8 @@ def replay_params(p: LoadBalancerParams, router_key: str) -> LoadBalancerParams:
 
 
 def run(p: LoadBalancerParams, router_key: str) -> Run:
-    """One router's replay, with snapshots where the page needs them when it opens: sticky's at each frame where
-    its longest queue reaches a new high (the animation opens on the first at the highest), the others' at the
-    opening frame's request only. Snapshots at every frame (17% of a replay, and their tallies another 11%, in
+    """One router's replay, with snapshots where the page needs them when it opens: sticky's at the first frame where
+    its longest queue is at its highest (the animation opens there), the others' at that frame's request too. Snapshots at every frame (17% of a replay, and their tallies another 11%, in
     Pyodide) are replayed only when a reader moves the animation (frame_run)."""
     q = replay_params(p, router_key)
     stops = frame_requests(len(workload(p).requests))
