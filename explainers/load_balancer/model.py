@@ -333,7 +333,8 @@ class Replica:
 
 
 # What the routers read of the fleet, for every replica in one call: a change replays about a thousand routings
-# a router, and one call per replica and quantity was a tenth of a cache-aware replay in Pyodide.
+# a router, and a method call per replica and quantity made nine Python calls a cache-aware routing, now two (in
+# CPython, a change at 58 and 62 sessions makes 11% fewer calls, for 0.7% more bytecodes).
 def fleet_loads(fleet: list[Replica], now: float) -> list[float]:
     """Tokens of prefill still to do at each replica: the waiting prompts' uncached parts and the part of the
     running one not yet done (its time left as a share of its time)."""
