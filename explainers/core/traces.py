@@ -280,7 +280,8 @@ def unlimited_cache_hits(records: Iterable[dict], block_size: int = BLOCK_SIZE) 
 def unlimited_prefix_hits(requests, block_size: int = BLOCK_SIZE, chained: bool = False) -> tuple[int, int]:
     """unlimited_cache_hits over requests already in arrival order. `chained`: the caller knows every id stands for
     its whole prefix (see chained()), so the leading ids seen are found by bisection, and only the ids after them
-    are new (in Pyodide at 64 sessions of the load balancer's synthetic trace, a third of the time)."""
+    are new (the load balancer's synthetic trace at 64 sessions, in Pyodide under Node, best of 20: 0.49-0.54 ms
+    against 0.97-1.14; in CPython, where takewhile runs in C, no faster)."""
     prompts = ((q.blocks, q.input_length) for q in requests)
     return _unlimited_chained(prompts, block_size) if chained else _unlimited(prompts, block_size)
 

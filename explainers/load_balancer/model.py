@@ -348,7 +348,7 @@ def fleet_loads(fleet: list[Replica], now: float) -> list[float]:
     return out
 
 
-def fleet_expected_blocks(fleet, blocks: tuple) -> list[int]:
+def fleet_expected_blocks(fleet: typing.Sequence[Replica], blocks: tuple) -> list[int]:
     """Blocks of this prompt each replica holds or will hold once its queue is served: the longest prefix found
     in its cache, or made of block ids of prompts already sent there (as SGLang's router counts a prompt as soon
     as it routes it; hash ids are chained, so an id stands for its prefix).
@@ -864,9 +864,10 @@ def replay_params(p: LoadBalancerParams, router_key: str) -> LoadBalancerParams:
 
 
 def run(p: LoadBalancerParams, router_key: str) -> Run:
-    """One router's replay, with snapshots where the page needs them when it opens: sticky's at the first frame where
-    its longest queue is at its highest (the animation opens there), the others' at that frame's request too. Snapshots at every frame (17% of a replay, and their tallies another 11%, in
-    Pyodide) are replayed only when a reader moves the animation (frame_run)."""
+    """One router's replay, with snapshots where the page needs them when it opens: sticky's at the first frame
+    where its longest queue is at its highest (the animation opens there), the others' at that frame's request
+    too. Snapshots at every frame (17% of a replay, and their tallies another 11%, in Pyodide) are replayed only
+    when a reader moves the animation (frame_run)."""
     q = replay_params(p, router_key)
     stops = frame_requests(len(workload(p).requests))
     if router_key == "sticky":
