@@ -25,7 +25,7 @@ from pathlib import Path
 from kvx.explainers.registry import REGISTRY, warm_up_values
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_pages import values_to_try  # noqa: E402  (the values the page benchmark types)
+from bench_pages import page_config, values_to_try  # noqa: E402  (the values the page benchmark types)
 
 # One Pyodide per wheel; each round runs every page's values once in each, in alternating order.
 RUNNER = """
@@ -71,8 +71,7 @@ console.log(JSON.stringify(out));
 
 def site_files(site: Path, slug: str) -> tuple[Path, Path]:
     """The Pyodide folder and the model wheel a built page loads (from its config)."""
-    html = (site / f"{slug}.html").read_text()
-    cfg = json.loads(html.split('id="kvx-config">', 1)[1].split("</script>", 1)[0])
+    cfg = page_config(site, slug)
     return (site / cfg["pyodide"]).resolve(), (site / cfg["wheel"]).resolve()
 
 

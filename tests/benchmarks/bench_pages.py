@@ -203,10 +203,14 @@ def frame_trips(page, steps: int) -> list[float] | None:
     return out
 
 
+def page_config(site: Path, slug: str) -> dict:
+    """The runtime's config a built page carries (its kvx-config script): the assets it loads, among the rest."""
+    return json.loads((site / f"{slug}.html").read_text().split('id="kvx-config">', 1)[1].split("</script>", 1)[0])
+
+
 def first_load_bytes(site: Path, slug: str) -> int:
     """What a first visit downloads before compression: the page and every asset it names."""
-    html = site / f"{slug}.html"
-    cfg = json.loads(html.read_text().split('id="kvx-config">', 1)[1].split("</script>", 1)[0])
+    html, cfg = site / f"{slug}.html", page_config(site, slug)
     assets = [p for p in (site / "assets").rglob("*") if p.is_file() and p.suffix not in {".gz", ".br"}]
     return html.stat().st_size + sum(p.stat().st_size for p in assets
                                      if cfg["snapshot"] or ".snapshot" not in p.name)
