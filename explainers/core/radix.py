@@ -58,9 +58,10 @@ EVICTION_POLICIES: dict[str, Callable[[Node], tuple]] = {
 # The same keys packed into one integer each, 40 bits a field, because a heap of plain integers compares
 # several times faster than a heap of tuples; the order is the same while clock ticks and node ids stay
 # under 2**40 (a million million operations).
+_TIME_SHIFT, _HITS_SHIFT = 40, 80      # where last_access and hits sit in a packed key (RadixTree._file too)
 _PACKED: dict[str, Callable[[Node], int]] = {
-    "lru": lambda n: (n.last_access << 40) | n.id,
-    "lfu": lambda n: (n.hits << 80) | (n.last_access << 40) | n.id,
+    "lru": lambda n: (n.last_access << _TIME_SHIFT) | n.id,
+    "lfu": lambda n: (n.hits << _HITS_SHIFT) | (n.last_access << _TIME_SHIFT) | n.id,
 }
 
 
@@ -267,9 +268,9 @@ class RadixTree:
     def _file(self, node: Node) -> None:
         """Put an unlocked leaf in the evictable set, with a heap entry for its current key."""
         self._evictable.add(node)
-        key = (node.last_access << 40) | node.id                     # _PACKED, written out: a call less each time
+        key = (node.last_access << _TIME_SHIFT) | node.id           # _PACKED, written out: a call less each time
         if self._lfu:
-            key |= node.hits << 80
+            key |= node.hits << _HITS_SHIFT
         if key != node.filed:                        # keys only grow, so an equal key is the live entry
             node.filed = key                         # ids make keys unique across nodes
             self._filed[key] = node
