@@ -173,9 +173,10 @@ def round_trips(page, slug: str, changes: int, pace: str = "settled", again: boo
     if pace != "settled":
         page.wait_for_function(f"window.kvx.painted.length >= {len(values)}")
     out = {"painted": page.evaluate("Array.from(window.kvx.painted)"),
-           "applied": page.evaluate("Array.from(window.kvx.timings)"), "python": python}
+           "applied": page.evaluate("Array.from(window.kvx.timings)"), "python": python,
+           "control": name, "values": values}
     if again:
-        out["again"] = {kind: out[kind].pop() for kind in ("applied", "painted", "python")}
+        out["again"] = {kind: out[kind].pop() for kind in ("applied", "painted", "python", "values")}
     return out
 
 
@@ -315,6 +316,13 @@ def pooled(r: dict, more: list[dict]) -> None:
     for key, kind in (("round_trip_ms", "applied"), ("painted_ms", "painted"), ("python_ms", "python")):
         r[key] = stats([t for load in loads for t in load[kind]])
     r["round_trip_p95_by_load_ms"] = [stats(load["applied"])["p95"] for load in loads]
+    # The changes at and above the p95, with their values: is the tail the model's largest inputs (the same values
+    # in every load) or the host's hiccups (any value)?
+    every = sorted(((t, py, v) for load in loads for t, py, v in zip(load["applied"], load["python"], load["values"])),
+                   reverse=True)
+    r["slowest_changes"] = {"control": loads[0]["control"],
+                            "changes": [{"value": v, "applied_ms": round(t, 2), "python_ms": round(py, 2)}
+                                        for t, py, v in every[:len(every) - int(0.95 * (len(every) - 1))]]}
     for key, kind in (("rest_median_ms", "applied"), ("rest_painted_median_ms", "painted")):    # all but the firsts
         r[key] = round(statistics.median([t for load in loads for t in load[kind][1:]]), 2)
 
