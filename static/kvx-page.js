@@ -671,6 +671,7 @@ function startWorker() {
     if (msg.type === "ready") {
       state.ready = true;
       html.dataset.kvxBoot = msg.from;                                    // "snapshot" or "boot" (tests, bench)
+      html.dataset.kvxFrozen = String(msg.frozen);                        // objects out of the collector's reach (tests)
       // The attribute says "every control is live", which also needs the drawn page (Python often wins the race).
       drawn.then(() => {
         html.dataset.pyReadyMs = String(Math.round(performance.now()));   // since navigation start

@@ -35,6 +35,9 @@ def change_and_read(page, url: str) -> tuple[str, dict]:
     page.goto(url)
     page.wait_for_selector("html[data-py-ready]", state="attached", timeout=READY_MS)
     boot = page.evaluate("document.documentElement.dataset.kvxBoot")
+    # Either way the worker starts, what Python holds at ready (the interpreter and every model: tens of thousands
+    # of objects) is frozen out of the cycle collector's walks (kvx-worker.mjs, HOOK).
+    assert int(page.evaluate("document.documentElement.dataset.kvxFrozen")) > 10_000
     before = int(page.evaluate("Number(document.documentElement.dataset.kvxApplied || 0)"))
     page.evaluate(f"Bokeh.documents[0].get_model_by_name('param:{FIELD}').value = '{VALUE}'")
     page.wait_for_function(f"Number(document.documentElement.dataset.kvxApplied || 0) > {before}", timeout=30_000)
