@@ -61,7 +61,8 @@ traces.progress = lambda share, text: js.kvxProgress(share, text)
 def page_reply(slug, params):
     return page_json(slug, params, packed=True)
 # What Python holds now (the interpreter, every model, the snapshot's caches) lives as long as the page: out of
-# the cycle collector's reach, a full collection need not walk it again. In Pyodide under Node, with the
+# the cycle collector's reach, a full collection need not walk it again. (A cached reply from then that is evicted
+# later is still freed by its reference count; only a reference cycle among such objects would stay.) In Pyodide under Node, with the
 # snapshot's heap (31,000 objects): a full collection 26 ms -> 0.7 ms; 40 load-balancer changes after the
 # warm-up, the collector's time 5.6-6.8 -> 2.3-2.4 ms and its longest pause 5.4-6.5 -> 1.6-1.9 ms.
 import gc
