@@ -25,7 +25,7 @@ from pathlib import Path
 from kvx.explainers.registry import REGISTRY, warm_up_values
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_pages import page_config, values_to_try  # noqa: E402  (the values the page benchmark types)
+from bench_pages import page_config, p95_rank, values_to_try  # noqa: E402  (the values the page benchmark types)
 
 # One Pyodide per wheel; each round runs every page's values once in each, in alternating order.
 RUNNER = """
@@ -77,7 +77,7 @@ def site_files(site: Path, slug: str) -> tuple[Path, Path]:
 
 def summary(rounds: list[list[float]]) -> dict:
     every = sorted(ms for r in rounds for ms in r)
-    return {"median_ms": round(statistics.median(every), 2), "p95_ms": round(every[int(0.95 * (len(every) - 1))], 2),
+    return {"median_ms": round(statistics.median(every), 2), "p95_ms": round(every[p95_rank(len(every))], 2),
             "rounds": len(rounds), "changes": len(every)}
 
 
