@@ -10,6 +10,11 @@ then evaluated at the values bench_pages.py types (values_to_try), in rounds. Wi
 runs the other site's wheel in the same Node process and the two take turns, round by round, so both see the
 same drift; the figures to read are the median over rounds of B's time ÷ A's (A: --against, B: --site), and
 the quickest round of B ÷ the quickest of A.
+With `--idle-ms N`, each round instead runs every value twice in each Pyodide, with N ms before every change:
+once asleep (a timer: the process idles, as a page does between a reader's changes) and once awake (a busy wait:
+the CPU stays on this process), the two in turn. Same values, same code: their ratio is what waking from idle
+costs a change on this host, a part of the page benchmark's round trips (which come after idle) that no model
+change can remove.
 Needs Node (18 or later). Not a test: these figures vary with the machine.
 """
 from __future__ import annotations
@@ -45,7 +50,22 @@ def one_round(slug, name, values):
         page_json(slug, json.dumps({name: v}), packed=True)
         out.append((time.perf_counter() - t) * 1000)
     return json.dumps(out)
+def one(slug, name, v):
+    t = time.perf_counter()
+    page_json(slug, json.dumps({name: v}), packed=True)
+    return (time.perf_counter() - t) * 1000
 `;
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const spin = (ms) => { const t = performance.now(); while (performance.now() - t < ms); };
+// One value at a time from here, N ms of idle (a timer) or of busy waiting before each: --idle-ms.
+async function paced(py, page, asleep) {
+  const out = [];
+  for (const v of page.values) {
+    if (asleep) await sleep(job.idle_ms); else spin(job.idle_ms);
+    out.push(py.globals.get("one")(page.slug, page.name, v));
+  }
+  return out;
+}
 const pys = [];
 for (const wheel of job.wheels) {
   const py = await loadPyodide({ indexURL: job.pyodide });
@@ -60,8 +80,15 @@ for (const page of job.pages) {
   for (let r = 0; r < job.rounds; r++) {
     const order = r % 2 ? [...pys.keys()].reverse() : [...pys.keys()];
     for (const k of order) {
-      const ms = JSON.parse(pys[k].globals.get("one_round")(page.slug, page.name, pys[k].toPy(page.values)));
-      out[page.slug][k].push(ms);
+      if (job.idle_ms) {                      // [asleep, awake] each round, the first of them alternating
+        const kinds = r % 2 ? [false, true] : [true, false];
+        const ms = {};
+        for (const asleep of kinds) ms[asleep ? "asleep" : "awake"] = await paced(pys[k], page, asleep);
+        out[page.slug][k].push(ms);
+      } else {
+        const ms = JSON.parse(pys[k].globals.get("one_round")(page.slug, page.name, pys[k].toPy(page.values)));
+        out[page.slug][k].push(ms);
+      }
     }
   }
 }
@@ -81,6 +108,27 @@ def summary(rounds: list[list[float]]) -> dict:
             "rounds": len(rounds), "changes": len(every)}
 
 
+def idle_summary(rounds: list[dict]) -> dict:
+    """--idle-ms: the same values after idling and after a busy wait, and what the idle added (the median over
+    rounds of a round's sum asleep ÷ awake, the two run back to back; and the p95s' ratio)."""
+    asleep, awake = summary([r["asleep"] for r in rounds]), summary([r["awake"] for r in rounds])
+    ratios = sorted(sum(r["asleep"]) / sum(r["awake"]) for r in rounds)
+    return {"asleep": asleep, "awake": awake, "asleep_over_awake_median": round(statistics.median(ratios), 3),
+            "asleep_over_awake_range": [round(ratios[0], 3), round(ratios[-1], 3)],
+            "p95_asleep_over_awake": round(asleep["p95_ms"] / awake["p95_ms"], 3)}
+
+
+def print_idle(report: dict, idle_ms: int) -> None:
+    print(f"{'page':16s}  {'site':24s}  asleep p50    p95  awake p50    p95  asleep/awake: median (range), p95s"
+          f"   (ms of Python a change, {idle_ms} ms before each)")
+    for slug, r in report.items():
+        for site, e in zip(r["sites"], r["each"]):
+            print(f"{slug:16s}  {site[-24:]:24s}  {e['asleep']['median_ms']:10.2f} {e['asleep']['p95_ms']:6.2f}  "
+                  f"{e['awake']['median_ms']:9.2f} {e['awake']['p95_ms']:6.2f}  {e['asleep_over_awake_median']:.3f} "
+                  f"({e['asleep_over_awake_range'][0]:.3f}-{e['asleep_over_awake_range'][1]:.3f}), "
+                  f"{e['p95_asleep_over_awake']:.3f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--site", default="build/site")
@@ -88,6 +136,8 @@ def main() -> int:
     ap.add_argument("--pages", default="", help="comma-separated slugs (default: every page)")
     ap.add_argument("--changes", type=int, default=20, help="values per round (bench_pages.py's values_to_try)")
     ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--idle-ms", type=int, default=0,
+                    help="pause before every change, asleep and awake in turn (see above); 0: back to back")
     ap.add_argument("--out", default="test-results/bench-models")
     args = ap.parse_args()
     slugs = [s for s in args.pages.split(",") if s] or sorted(REGISTRY)
@@ -98,7 +148,7 @@ def main() -> int:
         name, values = values_to_try(slug, args.changes)
         pages.append({"slug": slug, "name": name, "values": values, "warm": warm_up_values(slug)})
     job = {"pyodide": f"{pyodide}/", "wheels": [str(site_files(s, slugs[0])[1]) for s in sites], "pages": pages,
-           "rounds": args.rounds}
+           "rounds": args.rounds, "idle_ms": args.idle_ms}
     with tempfile.TemporaryDirectory() as tmp:
         runner, spec = Path(tmp) / "runner.mjs", Path(tmp) / "job.json"
         runner.write_text(RUNNER)
@@ -108,6 +158,14 @@ def main() -> int:
         print(done.stderr[-2000:], file=sys.stderr)
         return 1
     times = json.loads(done.stdout.strip().splitlines()[-1])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.idle_ms:
+        report = {slug: {"sites": [str(s) for s in sites], "idle_ms": args.idle_ms,
+                         "each": [idle_summary(r) for r in per_wheel]} for slug, per_wheel in times.items()}
+        (out / "bench-models-idle.json").write_text(json.dumps(report, indent=1) + "\n")
+        print_idle(report, args.idle_ms)
+        return 0
     report = {}
     for slug, per_wheel in times.items():
         report[slug] = {"sites": [str(s) for s in sites], "each": [summary(r) for r in per_wheel]}
@@ -118,8 +176,6 @@ def main() -> int:
             # The quickest round of each: steal time on a shared host only ever adds, so on a noisy hour this is
             # the steadier of the two figures.
             report[slug]["b_over_a_quickest"] = round(min(map(sum, per_wheel[1])) / min(map(sum, per_wheel[0])), 3)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "bench-models.json").write_text(json.dumps(report, indent=1) + "\n")
     heads = ["A p50", "A p95", "B p50", "B p95", "B/A: median (range), quickest"] if len(sites) == 2 else ["p50", "p95"]
     print(f"{'page':16s}  " + "  ".join(f"{h:>6s}" for h in heads) + "   (ms of Python a change)")
