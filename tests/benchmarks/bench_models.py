@@ -43,28 +43,31 @@ from kvx.explainers.registry import page_json
 def warm(slug, changes):
     for c in changes:
         page_json(slug, json.dumps(c), packed=True)
-def one_round(slug, name, values):
-    out = []
-    for v in values:
-        t = time.perf_counter()
-        page_json(slug, json.dumps({name: v}), packed=True)
-        out.append((time.perf_counter() - t) * 1000)
-    return json.dumps(out)
 def one(slug, name, v):
     t = time.perf_counter()
     page_json(slug, json.dumps({name: v}), packed=True)
     return (time.perf_counter() - t) * 1000
+def one_round(slug, name, values):
+    return json.dumps([one(slug, name, v) for v in values])
 `;
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 const spin = (ms) => { const t = performance.now(); while (performance.now() - t < ms); };
 // One value at a time from here, N ms of idle (a timer) or of busy waiting before each: --idle-ms.
 async function paced(py, page, asleep) {
+  const one = py.globals.get("one");
   const out = [];
   for (const v of page.values) {
     if (asleep) await sleep(job.idle_ms); else spin(job.idle_ms);
-    out.push(py.globals.get("one")(page.slug, page.name, v));
+    out.push(one(page.slug, page.name, v));
   }
+  one.destroy();
   return out;
+}
+// --idle-ms: {asleep, awake}, the first of the two alternating by round.
+async function pacedPair(py, page, r) {
+  const ms = {};
+  for (const asleep of (r % 2 ? [false, true] : [true, false])) ms[asleep ? "asleep" : "awake"] = await paced(py, page, asleep);
+  return ms;
 }
 const pys = [];
 for (const wheel of job.wheels) {
@@ -80,15 +83,8 @@ for (const page of job.pages) {
   for (let r = 0; r < job.rounds; r++) {
     const order = r % 2 ? [...pys.keys()].reverse() : [...pys.keys()];
     for (const k of order) {
-      if (job.idle_ms) {                      // [asleep, awake] each round, the first of them alternating
-        const kinds = r % 2 ? [false, true] : [true, false];
-        const ms = {};
-        for (const asleep of kinds) ms[asleep ? "asleep" : "awake"] = await paced(pys[k], page, asleep);
-        out[page.slug][k].push(ms);
-      } else {
-        const ms = JSON.parse(pys[k].globals.get("one_round")(page.slug, page.name, pys[k].toPy(page.values)));
-        out[page.slug][k].push(ms);
-      }
+      out[page.slug][k].push(job.idle_ms ? await pacedPair(pys[k], page, r)
+        : JSON.parse(pys[k].globals.get("one_round")(page.slug, page.name, pys[k].toPy(page.values))));
     }
   }
 }
