@@ -10,7 +10,7 @@ const cfg = JSON.parse(document.getElementById("kvx-config").textContent);
 const html = document.documentElement;
 const names = Object.keys(cfg.defaults);
 const state = { data: cfg.baked, frame: 0, wantFrame: null, timer: null, speed: 1, latest: 0, sentAt: 0, ready: false,
-                queued: false, suppress: false, applied: 0, latestFrame: 0, queuedFrame: null,
+                queued: false, applied: 0, latestFrame: 0, queuedFrame: null,
                 handled: 0, handledFrame: 0 };     // the newest request and frame request whose reply came back
 // ---- the first screen first ----------------------------------------------------------------------------
 // BokehJS builds, lays out and paints every root of a page before any of it shows, and Python starts only after
@@ -265,12 +265,28 @@ function clearUpload(name) {
 }
 
 function setControls(values) {
-  state.suppress = true;
   for (const k of names) {
     const v = values[k] ?? cfg.defaults[k];
-    model(`param:${k}`).value = v === null ? "" : String(v);
+    setQuietly(model(`param:${k}`), v === null ? "" : String(v));
   }
-  state.suppress = false;
+}
+
+// Bokeh runs a control's callback (CustomJS.execute is async) a few microtasks after its value changes, when a
+// flag raised around the writing is down again: "reset all" after two changes asked Python three times, and the
+// load balancer drew its answer after all three. So the page counts the changes it writes itself, and their
+// callbacks ask for nothing. Microtasks all run before the next event, so no reader's change is ever counted.
+const echoes = new Map();                   // control model -> callbacks still to come for values the page wrote
+function setQuietly(widget, value) {
+  if (widget.value === value) return;       // no change: Bokeh calls nothing
+  echoes.set(widget, (echoes.get(widget) || 0) + 1);
+  widget.value = value;
+}
+
+function echoed(widget) {
+  const n = echoes.get(widget) || 0;
+  if (n > 1) echoes.set(widget, n - 1);
+  else echoes.delete(widget);
+  return n > 0;
 }
 
 // Every reply clears the messages under the controls. Only those that change are written: a Bokeh text set
@@ -423,9 +439,7 @@ function apply(data, keepFrame) {
   setRanges(data.ranges);
   if (anim()) {
     const slider = model("anim:frame");
-    state.suppress = true;
     slider.end = Math.max(1, lastFrame());
-    state.suppress = false;
     const k = keepFrame && !wasAtEnd ? Math.min(state.frame, lastFrame()) : lastFrame();
     if (state.wantFrame !== null) {
       const k = state.wantFrame;                       // a link's step, asked for with these parameters
@@ -507,9 +521,7 @@ function renderReadouts(items) {
 // The slider, the URL's step and the frame counter, without drawing (on-demand frames draw on reply).
 function showFrameLocal(k, caption) {
   state.frame = k;
-  state.suppress = true;
   model("anim:frame").value = k;
-  state.suppress = false;
   if (caption !== undefined) setText("caption", caption);
   html.dataset.kvxFrame = String(k);
 }
@@ -530,9 +542,7 @@ function showFrame(k) {
   for (const [c, values] of Object.entries(full)) cols[c] = keep.map((i) => values[i]);
   setData(a.source, cols);
   setText("caption", a.captions[k] || "");
-  state.suppress = true;
   model("anim:frame").value = k;
-  state.suppress = false;
   html.dataset.kvxFrame = String(k);
 }
 
@@ -560,8 +570,9 @@ const animation = {
     state.speed = parseFloat(label) || 1;
     if (state.timer) { pause(); animation.toggle(); }
   },
-  // The slider echoes every frame we show; only a reader's move (a different frame) pauses and seeks.
-  seek(value) { if (!state.suppress && Math.round(value) !== state.frame) { pause(); showFrame(value); urlSoon(); } },
+  // The slider echoes every frame we show, after state.frame is set (its callback runs microtasks later, as the
+  // controls' do: setQuietly); only a reader's move, to a different frame, pauses and seeks.
+  seek(value) { if (Math.round(value) !== state.frame) { pause(); showFrame(value); urlSoon(); } },
 };
 
 // ---- "run it here": the real kernel on the compute server, when one is reachable -------------------
@@ -691,6 +702,7 @@ function startWorker() {
       // for the first time on the reader's first change.
       whenAllDrawn(() => {
         if (msg.reply.ok) warmDrawing(msg.reply.data, msg.other && msg.other.ok ? msg.other.data : null);
+        if (state.latest === 0) warmControls();
         html.dataset.kvxWarmed = "";                                      // tests: the drawing has been warmed
       });
     } else if (msg.type === "warm-ended") {
@@ -734,6 +746,30 @@ function warmDrawing(data, other) {
   setRanges(data.ranges);
   applyWords(data);
   errorBoxList();                                                // found once, before a reply needs them
+}
+
+// The reader's first change was also the first run of the controls' own paths: BokehJS's input view taking the
+// committed text, its model's change, the CustomJS callback (compiled on its first call) and the page's
+// onControl; run for the first time, they kept the main thread busy after the request was sent (4.5 ms against
+// 0.4 on cross-model, a Chromium trace), and the reply waited for it. So each control is given another value and
+// its own again, through its input element's events as a reader's typing would be, once the drawing is warmed.
+// No request: the page counts these echoes as its own (setQuietly), and nothing shows (one task, no paint).
+function warmControls() {
+  for (const k of names) {
+    const widget = model(`param:${k}`);
+    const input = window.Bokeh.index.find_one(widget)?.input_el;
+    if (!input || typeof input.value !== "string") continue;
+    const was = input.value;
+    const other = input.tagName === "SELECT" ? [...input.options].map((o) => o.value).find((v) => v !== was) : `${was}0`;
+    if (other === undefined) continue;
+    for (const value of [other, was]) {
+      const before = widget.value;
+      input.value = value;
+      input.dispatchEvent(new Event("input"));
+      input.dispatchEvent(new Event("change"));
+      if (widget.value !== before) echoes.set(widget, (echoes.get(widget) || 0) + 1);   // its callback is coming
+    }
+  }
 }
 
 // Nothing asked yet: evaluate the opening parameters once so the reader's first change does not pay
@@ -1222,7 +1258,7 @@ function whenBokehReady() {
 labelsStayInside();
 const bokehOwn = { cssLookup: cssVisualsUnset(), fontSizeRead: plotFontSizeKept(), legendRebuild: legendsKept() };
 
-window.kvx = { onControl: () => { if (!state.suppress) request(); }, anim: animation, timings, painted, state, runHere,
+window.kvx = { onControl: (widget) => { if (!echoed(widget)) request(); }, anim: animation, timings, painted, state, runHere,
                onUpload, clearUpload, text: (name) => shown[name], get worker() { return worker; }, bokehOwn };
 
 // Python starts before BokehJS has drawn (it takes 1-2 s on a loaded machine): the two overlap.

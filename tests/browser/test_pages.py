@@ -115,6 +115,55 @@ def test_cache_renting_try_this_link_applies_in_place(offline_page, site_url):
     assert page.evaluate("Bokeh.documents[0].get_model_by_name('param:kv_dtype').value") == "fp8"
 
 
+def test_setting_many_controls_at_once_asks_python_once(offline_page, site_url):
+    """A link, "reset all" and the browser's Back set several controls at once, then ask for one evaluation.
+    Bokeh runs a control's callback a few microtasks after its value changes, so each control the page set used
+    to ask again: "reset all" after two changes evaluated three times, and the load balancer drew its reply
+    only after the worker had run all three (the requests sent are counted: state.latest)."""
+    page = offline_page
+    page.goto(f"{site_url}/cache-renting.html")
+    page.wait_for_selector("html[data-kvx-warmed]", state="attached", timeout=READY_MS)
+    asked = lambda: page.evaluate("window.kvx.state.latest")          # noqa: E731
+    widget = "Bokeh.documents[0].get_model_by_name('param:{}').value"
+    defaults = REGISTRY["cache-renting"].params.from_mapping({})
+    # The warm-up ran every control's change path (warmControls: another value and back) and asked for nothing.
+    page.wait_for_timeout(200)
+    assert asked() == 0
+    assert page.evaluate(widget.format("context")) == str(defaults.context)
+    assert page.evaluate(widget.format("kv_dtype")) == defaults.kv_dtype
+
+    before, n = applied(page), asked()
+    page.get_by_role("link", name="Store the cache in fp8").click()   # one control set by a link
+    wait_applied(page, before)
+    assert asked() == n + 1
+    before, n = applied(page), asked()
+    set_control(page, "context", "128000")                            # a reader's own change: one request
+    wait_applied(page, before)
+    assert asked() == n + 1
+    want = expected("cache-renting", kv_dtype="fp8", context=128000)
+    assert_sources_equal(page, want)
+
+    # The link's entry in the history took the reader's change too (the address is replaced, not pushed): Back
+    # goes to the page as opened, both controls to their defaults, and Forward to both changes again.
+    for move, want in ((page.go_back, expected("cache-renting")), (page.go_forward, want)):
+        before, n = applied(page), asked()
+        move()
+        wait_applied(page, before)
+        page.wait_for_timeout(200)                                     # an echo would have been sent by now
+        assert asked() == n + 1
+        assert_sources_equal(page, want)
+    assert page.evaluate(widget.format("context")) == "128000"
+
+    before, n = applied(page), asked()
+    page.click("#kvx-reset-all")                                       # two controls back to their defaults
+    wait_applied(page, before)
+    page.wait_for_timeout(200)
+    assert asked() == n + 1
+    assert page.evaluate(widget.format("kv_dtype")) == defaults.kv_dtype
+    assert_sources_equal(page, expected("cache-renting"))
+    page.wait_for_function("!/kv_dtype|context/.test(location.search)", timeout=10_000)   # the address too
+
+
 def test_embed_mode_shows_the_explainer_alone(offline_page, site_url, screenshot):
     page = offline_page
     page.goto(f"{site_url}/cache-renting.html?embed=1")
