@@ -340,11 +340,7 @@ function emptyRequired(params) {
 function request() {
   const params = readParams();
   const empty = emptyRequired(params);
-  if (!empty && state.ready) {
-    state.latest += 1;
-    state.sentAt = performance.now();
-    worker.postMessage({ type: "run", id: state.latest, slug: cfg.slug, params });
-  }
+  if (!empty && state.ready) ask("run", params);
   urlSoon();
   if (empty) { showErrors(empty.field, empty.message); return; }
   if (!state.ready) {
@@ -359,14 +355,42 @@ function request() {
 // Animations whose frames are not cumulative ask the model for each frame (the latest ask wins).
 function requestFrame(k) {
   if (!state.ready) { state.queuedFrame = k; return; }
-  state.latestFrame += 1;
-  const params = { ...readParams(), _frame: k };
-  worker.postMessage({ type: "run", id: `frame-${state.latestFrame}`, slug: cfg.slug, params });
+  ask("frame", { ...readParams(), _frame: k });
+}
+
+// At most one request of each kind (a change, a frame) is in the worker at a time; a newer one waits here, in
+// place of any that waited before it, and goes once the reply comes. The worker takes its messages in order and
+// evaluates each, so a frame slider dragged across 20 frames, or a choice stepped through with the arrow keys,
+// had every value evaluated, and the last one drawn only after all of them: the latest ask won, but late.
+const held = { run: null, frame: null };    // kind -> {params, at}: the newest ask waiting for the worker
+function ask(kind, params, at = performance.now()) {
+  const busy = kind === "run" ? state.handled < state.latest : state.handledFrame < state.latestFrame;
+  if (busy) { held[kind] = { params, at }; return; }
+  let id;
+  if (kind === "run") {
+    id = state.latest += 1;
+    state.sentAt = at;                       // a round trip runs from the reader's change, a wait here included
+  } else {
+    state.latestFrame += 1;
+    id = `frame-${state.latestFrame}`;
+  }
+  worker.postMessage({ type: "run", id, slug: cfg.slug, params });
+}
+
+// The reply to the request in the worker has come: a newer ask waiting goes now, and this reply, older than
+// what the controls show, is not drawn. Returns whether one went.
+function askHeld(kind) {
+  const next = held[kind];
+  if (next === null) return false;
+  held[kind] = null;
+  ask(kind, next.params, next.at);
+  return true;
 }
 
 function onFrame(id, reply) {
   if (id !== `frame-${state.latestFrame}`) return;
   state.handledFrame = state.latestFrame;
+  if (askHeld("frame")) return;
   afterReply();
   if (!reply.ok) return;
   if (JSON.stringify(reply.params) !== JSON.stringify(state.params)) return;   // from before a change
@@ -399,6 +423,7 @@ function onResult(id, reply) {
   if (typeof id === "string") return onFrame(id, reply);
   if (id !== state.latest) return;            // a newer request is on its way
   state.handled = id;
+  if (askHeld("run")) return;
   afterReply();                               // runs after this reply is drawn
   if (state.progressShown) { state.progressShown = false; setStatus(state.readyText, "ready"); }
   if (!reply.ok) {
@@ -797,6 +822,9 @@ function workerDied(message) {
   if (worker) worker.terminate();
   worker = null;
   state.ready = false;
+  state.handled = state.latest;                    // no reply is coming; the controls keep the newest values,
+  state.handledFrame = state.latestFrame;          // which the next change sends to the new worker
+  held.run = held.frame = null;
   html.removeAttribute("data-py-ready");
   html.dataset.kvxWorkerDied = String(Number(html.dataset.kvxWorkerDied || 0) + 1);
   drawn.then(drawTheRest);

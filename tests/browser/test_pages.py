@@ -164,6 +164,44 @@ def test_setting_many_controls_at_once_asks_python_once(offline_page, site_url):
     page.wait_for_function("!/kv_dtype|context/.test(location.search)", timeout=10_000)   # the address too
 
 
+def test_changes_faster_than_python_evaluate_only_the_newest(offline_page, site_url):
+    """Five changes within one task (a choice stepped through with the arrow keys, faster than Python answers):
+    the first goes to the worker, the other four wait and replace each other, and only the newest goes once the
+    first's reply is in, so the worker evaluates two, not five, and the page draws the newest."""
+    page = offline_page
+    page.goto(f"{site_url}/cache-renting.html")
+    page.wait_for_selector("html[data-kvx-warmed]", state="attached", timeout=READY_MS)
+    n, before = page.evaluate("window.kvx.state.latest"), applied(page)
+    page.evaluate("""() => { const box = Bokeh.documents[0].get_model_by_name('param:context');
+                             for (const v of [8000, 16000, 32000, 64000, 96000]) box.value = String(v); }""")
+    page.wait_for_function(f"window.kvx.state.handled === {n + 2}", timeout=30_000)
+    page.wait_for_timeout(200)                                         # a third request would have gone by now
+    assert page.evaluate("window.kvx.state.latest") == n + 2
+    assert applied(page) == before + 1                                 # the first's reply was not drawn
+    assert_sources_equal(page, expected("cache-renting", context=96000))
+    wait_url(page, "context=96000")
+
+
+def test_frames_dragged_faster_than_python_evaluate_only_the_newest(offline_page, site_url):
+    """A frame slider dragged across nine on-demand frames within one task: two frame requests, the newest drawn."""
+    from kvx.explainers.paging.model import PagingParams, frame_data
+    page = offline_page
+    page.goto(f"{site_url}/paging.html")
+    page.wait_for_selector("html[data-kvx-warmed]", state="attached", timeout=READY_MS)
+    n = page.evaluate("window.kvx.state.latestFrame")
+    page.evaluate("() => { for (let k = 1; k <= 9; k++) window.kvx.anim.seek(k); }")
+    page.wait_for_function(f"window.kvx.state.handledFrame === {n + 2}", timeout=30_000)
+    page.wait_for_timeout(200)
+    assert page.evaluate("window.kvx.state.latestFrame") == n + 2
+    assert page.evaluate("document.documentElement.dataset.kvxFrame") == "9"
+    want = json.loads(json.dumps(frame_data(PagingParams(), 9)))
+    for key in ("reserve_map", "paged_map", "cursor"):
+        got = source_data(page, key)
+        assert got == {k: pytest.approx(v) if v and isinstance(v[0], float) else v
+                       for k, v in want["sources"][key].items()}, key
+    wait_url(page, "step=9")
+
+
 def test_embed_mode_shows_the_explainer_alone(offline_page, site_url, screenshot):
     page = offline_page
     page.goto(f"{site_url}/cache-renting.html?embed=1")
