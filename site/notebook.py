@@ -95,7 +95,7 @@ class NotebookExplainer:
     # ---- wiring ------------------------------------------------------------------------------------
     def _wire(self):
         for k in self.values:
-            self.model(f"param:{k}").on_change("value", lambda attr, old, new: self.update())
+            self.model(f"param:{k}").on_change("value", lambda attr, old, new: self._setting or self.update())
         if self.model("anim:play") is not None:
             self.model("anim:play").on_click(self.toggle)
             self.model("anim:step").on_click(lambda: self._seek(self.frame + 1))
@@ -113,14 +113,22 @@ class NotebookExplainer:
                 button.label = "Run it here: PyTorch is not installed in this Python (pip install 'kvx[kernels]')"
 
     # ---- updates -------------------------------------------------------------------------------------
+    _setting = False        # update() is moving controls: their own on_change waits for it (see update)
+
     def update(self, **changes):
-        """Re-run the model on the controls' values (and `changes`, which also move the controls)."""
-        for k, v in changes.items():
+        """Re-run the model on the controls' values (and `changes`, which also move the controls), once.
+
+        A control's on_change runs as its value is set, so moving them one by one ran the model once per control,
+        the first times on half the change (a combination that may be refused); they are moved first, quietly."""
+        for k in changes:
             if k not in self.values:
                 raise ParamError(k, f"{k} is not a parameter; the parameters are {', '.join(self.values)}.")
-            self.model(f"param:{k}").value = "" if v is None else str(v)     # its on_change calls update()
-        if changes:
-            return
+        self._setting = True
+        try:
+            for k, v in changes.items():
+                self.model(f"param:{k}").value = "" if v is None else str(v)
+        finally:
+            self._setting = False
         reply = self._ask(self.read_params())
         self._show_errors(reply)
         if reply["ok"]:

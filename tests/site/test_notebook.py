@@ -43,6 +43,22 @@ def test_a_change_sets_the_sources_texts_and_ranges_the_page_would():
     assert nb.frame == want["animation"]["frame"]             # on-demand: opens where the model says
 
 
+def test_changing_several_controls_at_once_runs_the_model_once(monkeypatch):
+    """update(a=…, b=…) moves both controls, then asks once: each control's own on_change used to run the model,
+    the first on half the change (load balancer: 20 sessions on the old 4 replicas, then on 8)."""
+    nb = NotebookExplainer("load-balancer")
+    asked = []
+    ask = nb._ask
+    monkeypatch.setattr(nb, "_ask", lambda values: asked.append(dict(values)) or ask(values))
+    nb.update(sessions=20, replicas=8)
+    assert [(v["sessions"], v["replicas"]) for v in asked] == [("20", "8")]
+    want = reply("load-balancer", sessions="20", replicas="8")
+    assert data_of(nb, "running") == want["sources"]["running"]
+    set_by_reader = nb.model("param:sessions")                     # a reader's change still runs it, once
+    set_by_reader.value = "24"
+    assert [v["sessions"] for v in asked] == ["20", "24"]
+
+
 def test_a_bad_value_shows_the_sentence_under_its_control_and_keeps_the_plots():
     nb = NotebookExplainer("paging")
     before = data_of(nb, "series")
