@@ -10,7 +10,8 @@ them equal; values the model refuses are skipped, and pages whose values repeat 
 rest"); the round trip of a control change (median and
 p95, from the change sent to its reply applied to the plots' sources, and on to the end of the frame that shows it,
 "on screen"; with Python's part; by default each change comes once the previous one is on screen, `--pace
-back-to-back` sends it as soon as the previous reply is applied); around the changes, how fast the host was
+read` a second after that (as the first comes after ready), `--pace back-to-back` as soon as the previous reply is
+applied); around the changes, how fast the host was
 (host_probe: round trips are absolute, and this host's speed drifts); a reload ("warm"); then another page in the same profile ("second page"), with the bytes each load
 took on the wire (counted at the server: the page's and its worker's requests, compressed as sent;
 cache hits count 0). The baseline is a bare page whose module worker only loads Pyodide core, served with
@@ -79,6 +80,7 @@ def serve(site: Path):
 # 3.7 ms for the rest on prompt-caching (on screen 37.0 against 23.7), 4.5 against 3.9 (28.6 against 26.9) with
 # this gap, over seven cold loads each.
 KEY_GAP_MS = 60
+READING_MS = 1000      # a reader's moment between seeing a value and changing the next (settle, the "read" pace)
 
 TIMEOUTS: list[dict] = []      # loads that never became ready: counted in the report, then retried once
 
@@ -151,6 +153,9 @@ def round_trips(page, slug: str, changes: int, pace: str = "settled", again: boo
     "settled": each change comes once the previous one is on screen, as a reader's next typed value does.
     "back-to-back": each change comes as soon as the previous reply is applied, while the page is still drawing
     it, so the two compete: a measure of throughput more than latency.
+    "read": each change comes READING_MS after the previous one is on screen, as the first comes after ready
+    (settle): the rest then wake the page and its worker from the same idle as the first, so first against rest
+    compares cold code against warm code, not idle against busy.
 
     `again`: one more change, back to the first value, kept apart ("again": applied, painted, python): the first
     change's own work done once more, warm. A page's first value costs what it costs (cache-renting's first
@@ -168,9 +173,11 @@ def round_trips(page, slug: str, changes: int, pace: str = "settled", again: boo
         set_control(page, name, value, slug, pause_ms=KEY_GAP_MS)     # as a reader does: type, then Enter
         page.wait_for_function(f"Number(document.documentElement.dataset.kvxApplied || 0) > {before[0]}")
         python.append(page.evaluate("window.kvx.state.pythonMs"))
-        if pace == "settled":
+        if pace in ("settled", "read"):
             page.wait_for_function(f"Number(document.documentElement.dataset.kvxPainted || 0) > {before[1]}")
-    if pace != "settled":
+        if pace == "read":
+            page.wait_for_timeout(READING_MS)
+    if pace == "back-to-back":
         page.wait_for_function(f"window.kvx.painted.length >= {len(values)}")
     out = {"painted": page.evaluate("Array.from(window.kvx.painted)"),
            "applied": page.evaluate("Array.from(window.kvx.timings)"), "python": python,
@@ -253,7 +260,7 @@ def settle(page) -> None:
     here also Playwright's own helpers (its selector engine, its polling of a predicate), which are compiled in the
     page on their first use, on the page's main thread, where they held up the first change's reply (2.6-8.9 ms in
     four loads of six): they run once on something read-only, since a reader's page has no harness to pay for."""
-    page.wait_for_timeout(1000)
+    page.wait_for_timeout(READING_MS)
     page.locator(".bk-input-group input").first.input_value()
     page.wait_for_function("Number(document.documentElement.dataset.kvxApplied || 0) >= 0")
 
@@ -310,7 +317,8 @@ def pooled(r: dict, more: list[dict]) -> None:
     load's own p95 is kept beside it. The first change is one sample a load: each load's, and their median."""
     loads = [r.pop("trips")] + more
     for each, median, kind in (("first_changes_cold_ms", "first_change_ms", "applied"),
-                               ("first_changes_cold_painted_ms", "first_change_painted_ms", "painted")):
+                               ("first_changes_cold_painted_ms", "first_change_painted_ms", "painted"),
+                               ("first_changes_cold_python_ms", "first_change_python_ms", "python")):
         r[each] = [round(load[kind][0], 2) for load in loads]
         r[median] = round(statistics.median(r[each]), 2)
     agains = [load["again"] for load in loads if "again" in load]
@@ -328,7 +336,9 @@ def pooled(r: dict, more: list[dict]) -> None:
     r["slowest_changes"] = {"control": loads[0]["control"],
                             "changes": [{"value": v, "applied_ms": round(t, 2), "python_ms": round(py, 2)}
                                         for t, py, v in every[:len(every) - p95_rank(len(every))]]}
-    for key, kind in (("rest_median_ms", "applied"), ("rest_painted_median_ms", "painted")):    # all but the firsts
+    # all but the firsts; Python's part of each beside it: is a first change's extra time in the worker or the page?
+    for key, kind in (("rest_median_ms", "applied"), ("rest_painted_median_ms", "painted"),
+                      ("rest_python_median_ms", "python")):
         r[key] = round(statistics.median([t for load in loads for t in load[kind][1:]]), 2)
 
 
@@ -340,8 +350,9 @@ def main() -> int:
     ap.add_argument("--out", default="test-results/bench")
     ap.add_argument("--cold-pairs", type=int, default=3,
                     help="cold loads per page, each right after a bare boot: the ratio and first change are their medians")
-    ap.add_argument("--pace", choices=("settled", "back-to-back"), default="settled",
-                    help="when the next change comes: once the last is drawn (a reader), or as soon as it is applied")
+    ap.add_argument("--pace", choices=("settled", "read", "back-to-back"), default="settled",
+                    help="when the next change comes: once the last is drawn (a reader), 1 s after that (a reader who "
+                         "reads it first: the first change's like-for-like), or as soon as it is applied")
     a = ap.parse_args()
     slugs = [s for s in a.pages.split(",") if s] or list(REGISTRY)
     with tempfile.TemporaryDirectory() as tmp:
