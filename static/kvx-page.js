@@ -751,25 +751,37 @@ function startWorker() {
 
 // The reader's first change also paid for the first run of Bokeh's update and drawing paths and of the page's
 // own writing of its words (JavaScript is compiled as it runs). Once the worker has evaluated the opening
-// parameters and one other value (`other`), the sources, ranges and words are given the other value's data and
-// then the opening data again, in the same task: the browser paints only the last, the same picture, and both
-// have run their update paths on data that changed. Giving the same data again alone left a first change's
-// source update at 2-5 ms against 1-2 for the rest; warming the sources alone left its whole drawing at 3.1-6.7
-// ms against 2-3 (2.1-6.0 with the words warmed too).
+// parameters and one other value (`other`), the page draws the other value's data and then the opening data
+// again, in the same task, through apply(), as a reply is drawn: the browser paints only the last, the same
+// picture, and the sources, ranges, words and the animation's slider, frame and caption have all run their
+// update paths on data that changed. Giving the same data again alone left a first change's source update at
+// 2-5 ms against 1-2 for the rest; warming the sources alone left its whole drawing at 3.1-6.7 ms against 2-3
+// (2.1-6.0 with the words warmed too); warming all but the animation left the pages that animate their data
+// (cache-renting, agent-sessions, disaggregation) with the slowest first changes of the arithmetic pages.
 function warmDrawing(data, other) {
   if (state.latest !== 0 || !data.sources) return;               // the reader was quicker: nothing to warm
-  if (other) {                                                   // only what the opening data gives back below
-    const within = (given, kept) => Object.fromEntries(Object.entries(given || {}).filter(([k]) => k in (kept || {})));
-    setSources(within(other.sources, data.sources), true);
-    setRanges(within(other.ranges, data.ranges));
-    applyWords({ ...other, texts: within(other.texts, data.texts) });
+  // The animation as it opened: a reader who has moved or played it keeps their frame, and the old way below.
+  const opening = state.latestFrame === 0 && state.wantFrame === null && !state.timer &&
+    (!anim() || anim().mode === "on_demand" || state.frame === lastFrame());
+  const within = (given, kept) => Object.fromEntries(Object.entries(given || {}).filter(([k]) => k in (kept || {})));
+  // Only what the opening data gives back afterwards.
+  const otherHere = other && { ...other, sources: within(other.sources, data.sources),
+                               ranges: within(other.ranges, data.ranges), texts: within(other.texts, data.texts) };
+  if (otherHere && opening) {
+    apply(otherHere, false);
+    apply(data, false);          // compared with what each source holds, as a reply's data is (sameColumns)
+  } else {
+    if (otherHere) {
+      setSources(otherHere.sources, true);
+      setRanges(otherHere.ranges);
+      applyWords(otherHere);
+    }
+    // With no other value to compare with, the opening data given again by force (equal columns are skipped,
+    // and nothing would run).
+    setSources(data.sources, !other);
+    setRanges(data.ranges);
+    applyWords(data);
   }
-  // The opening data again, compared with what each source holds as a reply's is (sameColumns walks every
-  // column that did not change, and no change had run it before the reader's first); with no other value to
-  // compare with, given again by force (equal columns are skipped, and nothing would run).
-  setSources(data.sources, !other);
-  setRanges(data.ranges);
-  applyWords(data);
   errorBoxList();                                                // found once, before a reply needs them
 }
 

@@ -3,9 +3,11 @@ same values, a second page comes from the browser's cache, assets come compresse
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
+from html import unescape
 
 import pytest
 import uvicorn
@@ -206,6 +208,43 @@ def test_the_warmed_drawing_shows_the_opening_values(offline_page, site_url, slu
     assert words["texts"] == want["texts"]                    # the words too: the warm-up wrote another value's
     assert [r[:2] for r in words["readouts"]] == [[r["label"], r["value"]] for r in want["readouts"]]
     assert words["formula"] == len(want["formula"]) and words["notes"] == " ".join(want["notes"])
+
+
+# Every caption the page writes, as the text of the nodes it puts in its box (a MutationObserver's callback comes
+# after the task, when the box holds only the last of the captions written in it).
+CAPTIONS_WRITTEN = """
+window.kvxCaptions = [];
+new MutationObserver((records) => {
+  for (const r of records) {
+    const box = r.target.nodeType === 1 && r.target.closest('[data-kvx-text="caption"]');
+    if (box && r.addedNodes.length) window.kvxCaptions.push(Array.from(r.addedNodes, (n) => n.textContent).join(''));
+  }
+}).observe(document, {childList: true, subtree: true});
+"""
+
+
+@pytest.mark.parametrize("slug", ["disaggregation", "mla"])     # a cumulative animation, an on-demand one
+def test_the_warm_up_runs_the_animations_paths_too(offline_page, site_url, slug):
+    """The warmed drawing goes through the path a reply takes, the animation's included (its rows up to the frame,
+    its caption, its slider): warmed without it, the pages that animate their data had the arithmetic pages'
+    slowest first changes. The other value's caption was written, and the opening frame is back, exactly."""
+    from kvx.explainers.registry import warm_up_values
+    page = offline_page
+    page.add_init_script(CAPTIONS_WRITTEN)
+    page.goto(f"{site_url}/{slug}.html")
+    page.wait_for_selector("html[data-kvx-warmed]", state="attached", timeout=READY_MS)
+    assert page.evaluate("window.kvx.state.latest") == 0
+    plain = lambda text: unescape(re.sub(r"<[^>]+>", "", text))                # noqa: E731  the box's text
+    caption = lambda anim: anim["caption"] if anim.get("mode") == "on_demand" else anim["captions"][-1]   # noqa: E731
+    want, other = expected(slug), expected(slug, **warm_up_values(slug)[0])
+    assert caption(other["animation"]) != caption(want["animation"])           # else this test could not fail
+    written = page.evaluate("window.kvxCaptions")
+    assert plain(caption(other["animation"])) in written, written
+    assert page.evaluate("window.kvx.text('caption')") == caption(want["animation"])
+    opening = want["animation"].get("frame", want["animation"]["frames"] - 1)
+    assert page.evaluate("document.documentElement.dataset.kvxFrame") == str(opening)
+    assert page.evaluate("Bokeh.documents[0].get_model_by_name('anim:frame').value") == opening
+    assert_sources_equal(page, want)                 # the cumulative animation's rows too: all of them, at its end
 
 
 def test_a_readers_first_touch_ends_the_warm_up(offline_page, site_url):
