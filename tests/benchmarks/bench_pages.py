@@ -340,6 +340,11 @@ def pooled(r: dict, more: list[dict]) -> None:
     for key, kind in (("rest_median_ms", "applied"), ("rest_painted_median_ms", "painted"),
                       ("rest_python_median_ms", "python")):
         r[key] = round(statistics.median([t for load in loads for t in load[kind][1:]]), 2)
+    # The page's part (the round trip less Python's): the first change's, each load's, and the rest's median.
+    page_parts = [[t - py for t, py in zip(load["applied"], load["python"])] for load in loads]
+    r["first_changes_cold_page_ms"] = [round(part[0], 2) for part in page_parts]
+    r["first_change_page_ms"] = round(statistics.median(r["first_changes_cold_page_ms"]), 2)
+    r["rest_page_median_ms"] = round(statistics.median([t for part in page_parts for t in part[1:]]), 2)
 
 
 def main() -> int:
