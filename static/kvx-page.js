@@ -799,6 +799,9 @@ function warmControls() {
     const widget = model(`param:${k}`);
     const input = window.Bokeh.index.find_one(widget)?.input_el;
     if (!input || typeof input.value !== "string") continue;
+    // A box the reader is in, or has typed in without committing (the page is drawn seconds before Python is
+    // ready), is theirs: its text taken as the box's own was committed as an echo, and their Enter changed nothing.
+    if (input === document.activeElement || input.value !== String(widget.value ?? "")) continue;
     const was = input.value;
     const other = input.tagName === "SELECT" ? [...input.options].map((o) => o.value).find((v) => v !== was) : `${was}0`;
     if (other === undefined) continue;

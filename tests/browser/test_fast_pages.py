@@ -366,3 +366,23 @@ def test_a_page_whose_python_cannot_start_says_so_and_draws_every_plot(offline_p
     assert [drawn for _, drawn, _ in page.evaluate(BOXES)] == [True] * 9
     assert not page.locator("html[data-py-ready]").count()
     page.errors.clear()                      # the failed fetch is reported on the console, as it should be
+
+
+def test_text_typed_before_the_warm_up_is_kept_and_applied_by_enter(offline_page, site_url):
+    """The controls' warm-up (kvx-page.js, warmControls) gives each box another value and its own text back. A
+    reader who had typed into a box before it ran (the page is drawn seconds before Python is ready) saw their
+    uncommitted text taken as the box's own: it was committed as a warm-up echo, and their Enter then changed
+    nothing, so the plots kept the opening values under a box that showed theirs (CI, prefix-reuse, typed
+    just after ready). The box being typed in is left alone."""
+    from .pagehooks import applied, label, wait_applied
+    page = offline_page
+    page.goto(f"{site_url}/prefix-reuse.html")
+    page.wait_for_selector("html[data-kvx-drawn]", state="attached", timeout=20_000)
+    box = page.locator(f".bk-input-group:has(label:text-is('{label('capacity', 'prefix-reuse')}')) input")
+    box.fill("5000")                                             # typed, not yet committed
+    page.wait_for_selector("html[data-kvx-warmed]", state="attached", timeout=READY_MS)
+    assert box.input_value() == "5000"
+    before = applied(page)
+    box.press("Enter")
+    wait_applied(page, before, timeout_ms=10_000)
+    assert_sources_equal(page, expected("prefix-reuse", capacity=5000))
