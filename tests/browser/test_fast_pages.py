@@ -306,7 +306,7 @@ BOXES = """Array.from(document.querySelectorAll('.kvx-later')).map(b => [Math.ro
     + scrollY), b.querySelector('[data-root-id]').children.length > 0, b.style.minHeight])"""
 # Records BOXES the moment the page marks its first screen drawn (before any other task can draw more).
 AT_FIRST_SCREEN = """new MutationObserver((_, obs) => {
-    if (!document.documentElement.hasAttribute('data-kvx-drawn')) return;
+    if (!document.documentElement || !document.documentElement.hasAttribute('data-kvx-drawn')) return;
     obs.disconnect();
     window.atFirstScreen = %s;
   }).observe(document, {attributes: true, subtree: true, attributeFilter: ['data-kvx-drawn']});""" % BOXES
@@ -386,3 +386,38 @@ def test_text_typed_before_the_warm_up_is_kept_and_applied_by_enter(offline_page
     box.press("Enter")
     wait_applied(page, before, timeout_ms=10_000)
     assert_sources_equal(page, expected("prefix-reuse", capacity=5000))
+
+
+# A reader's step back, taken as soon as the first screen is drawn (a MutationObserver's callback: before Python
+# can be ready, so before the warm-up's drawing).
+STEP_BACK_WHEN_DRAWN = """
+new MutationObserver((records, observer) => {
+  if (!document.documentElement || !document.documentElement.hasAttribute('data-kvx-drawn')) return;
+  observer.disconnect();
+  window.kvxSteppedBeforeReady = !document.documentElement.hasAttribute('data-py-ready');
+  window.kvx.anim.back();
+}).observe(document, {attributes: true, attributeFilter: ['data-kvx-drawn'], subtree: true});   // no <html> yet
+"""
+
+
+def test_a_frame_chosen_before_the_warm_up_is_kept_through_it(offline_page, site_url):
+    """The warm-up's drawing goes through apply() only while the animation is as it opened; a reader who has
+    already stepped it keeps their frame, its caption and its rows, with the warm-up's other value drawn and
+    replaced around them."""
+    page = offline_page
+    page.add_init_script(STEP_BACK_WHEN_DRAWN)
+    page.goto(f"{site_url}/disaggregation.html")
+    page.wait_for_selector("html[data-kvx-warmed]", state="attached", timeout=READY_MS)
+    assert page.evaluate("window.kvxSteppedBeforeReady") is True
+    assert page.evaluate("window.kvx.state.latest") == 0
+    want = expected("disaggregation")
+    anim = want["animation"]
+    k = anim["frames"] - 2                                   # one back from the frame it opens on, its last
+    assert page.evaluate("document.documentElement.dataset.kvxFrame") == str(k)
+    assert page.evaluate("Bokeh.documents[0].get_model_by_name('anim:frame').value") == k
+    assert page.evaluate("window.kvx.text('caption')") == anim["captions"][k]
+    full = want["sources"][anim["source"]]
+    keep = [i for i, f in enumerate(full["frame"]) if f <= k]
+    assert 0 < len(keep) < len(full["frame"])                # else the rows could not tell the frames apart
+    want["sources"][anim["source"]] = {c: [v[i] for i in keep] for c, v in full.items()}
+    assert_sources_equal(page, want)
