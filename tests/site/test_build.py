@@ -125,6 +125,15 @@ def test_every_asset_a_page_loads_is_named_by_its_content(built_site):
     assert assets.file_digest(built_site / loaded[0]) != hashlib.sha256(b"").hexdigest()[:10]
 
 
+def test_the_page_runtime_asks_v8_to_compile_it_whole_at_load(built_site):
+    """kvx-page.js opens with V8's compile hint (Chromium 136 on), so the functions a reader's first change calls
+    for the first time (onResult, the error boxes) are compiled at load, not in that change. The hint is read only
+    as the script's first line: a build that put anything before it, or a file that lost it, loses the hint."""
+    html = (built_site / "cache-renting.html").read_text()
+    runtime = re.search(r'<script type="module" src="(assets/kvx-page\.[0-9a-f]+\.js)"', html).group(1)
+    assert (built_site / runtime).read_text().split("\n", 1)[0] == "//# allFunctionsCalledOnLoad"
+
+
 def test_precompressed_copies_decode_to_the_file(built_site):
     import gzip
     import brotli
