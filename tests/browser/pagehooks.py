@@ -24,11 +24,16 @@ def label(name: str, slug: str | None = None) -> str:
     return widgets.title(spec)
 
 
+def control_box(page, name: str, slug: str | None = None):
+    """The control's input box, found by its label as a reader finds it."""
+    return page.locator(f".bk-input-group:has(label:text-is('{label(name, slug)}')) input")
+
+
 def set_control(page, name: str, value: str, slug: str | None = None, pause_ms: int = 0) -> None:
     """Type into a control the way a reader does: select its text, type, press Enter. `pause_ms` between the
     typing and the Enter: a reader's keys come tens of ms apart, so the browser has drawn what was typed before
     the Enter comes (the page benchmark's pace; tests need no pause)."""
-    box = page.locator(f".bk-input-group:has(label:text-is('{label(name, slug)}')) input")
+    box = control_box(page, name, slug)
     box.fill(value)
     if pause_ms:
         page.wait_for_timeout(pause_ms)

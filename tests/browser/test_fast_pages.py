@@ -18,7 +18,7 @@ from kvx.compute.settings import Settings
 from kvx.explainers.registry import REGISTRY
 
 from .conftest import ARGS, CHROMIUM
-from .pagehooks import assert_sources_equal, expected, wait_all_drawn
+from .pagehooks import applied, assert_sources_equal, control_box, expected, wait_all_drawn, wait_applied
 
 READY_MS = 90_000
 SLUG, FIELD, VALUE = "paging", "requests", "57"            # a simulation: a change runs real Python
@@ -304,12 +304,21 @@ def test_a_change_is_counted_on_screen_after_bokeh_has_repainted_it(offline_page
 # What each kvx-later box holds at a moment: [its top, whether its plot is drawn, its reserved min-height].
 BOXES = """Array.from(document.querySelectorAll('.kvx-later')).map(b => [Math.round(b.getBoundingClientRect().top
     + scrollY), b.querySelector('[data-root-id]').children.length > 0, b.style.minHeight])"""
-# Records BOXES the moment the page marks its first screen drawn (before any other task can draw more).
-AT_FIRST_SCREEN = """new MutationObserver((_, obs) => {
+
+
+def when_first_screen_drawn(js: str) -> str:
+    """An init script that runs `js` the moment the page marks its first screen drawn: a MutationObserver's
+    callback, after that task and before any other (no other plot drawn yet, Python not yet ready). It observes
+    the document, since an init script runs before there is an <html> to observe."""
+    return """new MutationObserver((_, obs) => {
     if (!document.documentElement || !document.documentElement.hasAttribute('data-kvx-drawn')) return;
     obs.disconnect();
-    window.atFirstScreen = %s;
-  }).observe(document, {attributes: true, subtree: true, attributeFilter: ['data-kvx-drawn']});""" % BOXES
+    %s
+  }).observe(document, {attributes: true, subtree: true, attributeFilter: ['data-kvx-drawn']});""" % js
+
+
+# Records BOXES the moment the page marks its first screen drawn (before any other task can draw more).
+AT_FIRST_SCREEN = when_first_screen_drawn(f"window.atFirstScreen = {BOXES};")
 # A worker that never answers: Python is never ready, so only the reader's scrolling draws a plot.
 SILENT_WORKER = """window.Worker = class { constructor() {} postMessage() {} terminate() {} addEventListener() {} };"""
 
@@ -374,11 +383,10 @@ def test_text_typed_before_the_warm_up_is_kept_and_applied_by_enter(offline_page
     uncommitted text taken as the box's own: it was committed as a warm-up echo, and their Enter then changed
     nothing, so the plots kept the opening values under a box that showed theirs (CI, prefix-reuse, typed
     just after ready). The box being typed in is left alone."""
-    from .pagehooks import applied, label, wait_applied
     page = offline_page
     page.goto(f"{site_url}/prefix-reuse.html")
     page.wait_for_selector("html[data-kvx-drawn]", state="attached", timeout=20_000)
-    box = page.locator(f".bk-input-group:has(label:text-is('{label('capacity', 'prefix-reuse')}')) input")
+    box = control_box(page, "capacity", "prefix-reuse")
     box.fill("5000")                                             # typed, not yet committed
     page.wait_for_selector("html[data-kvx-warmed]", state="attached", timeout=READY_MS)
     assert box.input_value() == "5000"
@@ -388,16 +396,10 @@ def test_text_typed_before_the_warm_up_is_kept_and_applied_by_enter(offline_page
     assert_sources_equal(page, expected("prefix-reuse", capacity=5000))
 
 
-# A reader's step back, taken as soon as the first screen is drawn (a MutationObserver's callback: before Python
-# can be ready, so before the warm-up's drawing).
-STEP_BACK_WHEN_DRAWN = """
-new MutationObserver((records, observer) => {
-  if (!document.documentElement || !document.documentElement.hasAttribute('data-kvx-drawn')) return;
-  observer.disconnect();
-  window.kvxSteppedBeforeReady = !document.documentElement.hasAttribute('data-py-ready');
-  window.kvx.anim.back();
-}).observe(document, {attributes: true, attributeFilter: ['data-kvx-drawn'], subtree: true});   // no <html> yet
-"""
+# A reader's step back, taken as soon as the first screen is drawn: before Python can be ready, so before the
+# warm-up's drawing.
+STEP_BACK_WHEN_DRAWN = when_first_screen_drawn(
+    "window.kvxSteppedBeforeReady = !document.documentElement.hasAttribute('data-py-ready'); window.kvx.anim.back();")
 
 
 def test_a_frame_chosen_before_the_warm_up_is_kept_through_it(offline_page, site_url):
