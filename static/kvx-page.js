@@ -806,8 +806,11 @@ function warmControls() {
     const input = window.Bokeh.index.find_one(widget)?.input_el;
     if (!input || typeof input.value !== "string") continue;
     // A box the reader is in, or has typed in without committing (the page is drawn seconds before Python is
-    // ready), is theirs: its text taken as the box's own was committed as an echo, and their Enter changed nothing.
-    if (input === document.activeElement || input.value !== String(widget.value ?? "")) continue;
+    // ready), is theirs: its text taken as the box's own was committed as an echo, and their Enter changed nothing;
+    // a box they had selected lost its selection, so their typing went after its text ("2" and "0": 20). The box
+    // is in Bokeh's shadow root, where the document's activeElement is only its host: ask the box's own root.
+    const focused = input.getRootNode().activeElement === input;
+    if (focused || input.value !== String(widget.value ?? "")) continue;
     const was = input.value;
     const other = input.tagName === "SELECT" ? [...input.options].map((o) => o.value).find((v) => v !== was) : `${was}0`;
     if (other === undefined) continue;

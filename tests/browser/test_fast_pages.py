@@ -396,6 +396,28 @@ def test_text_typed_before_the_warm_up_is_kept_and_applied_by_enter(offline_page
     assert_sources_equal(page, expected("prefix-reuse", capacity=5000))
 
 
+def test_a_box_the_reader_is_in_keeps_its_selection_through_the_warm_up(offline_page, site_url):
+    """A reader who has clicked into a box and selected its text, but not typed yet, when the controls' warm-up
+    runs: the box is theirs. The warm-up looked for it as the document's focused element, but a Bokeh box
+    lives in a shadow root (the document sees its host), so the box was written "20" and "2" again, which
+    dropped the selection: the reader's "0" went after the "2", and their Enter asked for 20 (CI, load-balancer,
+    typed just after ready: the address said load_weight=20)."""
+    page = offline_page
+    page.goto(f"{site_url}/load-balancer.html")
+    page.wait_for_selector("html[data-kvx-drawn]", state="attached", timeout=20_000)
+    box = control_box(page, "load_weight", "load-balancer")
+    box.focus()
+    box.select_text()
+    page.wait_for_selector("html[data-kvx-warmed]", state="attached", timeout=READY_MS)
+    assert box.evaluate("el => [el.value, el.selectionStart, el.selectionEnd]") == ["2", 0, 1]
+    before = applied(page)
+    page.keyboard.type("0")
+    page.keyboard.press("Enter")
+    wait_applied(page, before, timeout_ms=10_000)
+    assert box.input_value() == "0"
+    assert_sources_equal(page, expected("load-balancer", load_weight=0))
+
+
 # A reader's step back, taken as soon as the first screen is drawn: before Python can be ready, so before the
 # warm-up's drawing.
 STEP_BACK_WHEN_DRAWN = when_first_screen_drawn(
