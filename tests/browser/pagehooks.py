@@ -24,9 +24,14 @@ def label(name: str, slug: str | None = None) -> str:
     return widgets.title(spec)
 
 
+def control_group(page, title: str):
+    """A control's group (its label, its box and its help), found by the label's words as a reader finds it."""
+    return page.locator(f".bk-input-group:has(label:text-is('{title}'))")
+
+
 def control_box(page, name: str, slug: str | None = None):
-    """The control's input box, found by its label as a reader finds it."""
-    return page.locator(f".bk-input-group:has(label:text-is('{label(name, slug)}')) input")
+    """The control's input box, found by its label."""
+    return control_group(page, label(name, slug)).locator("input")
 
 
 def set_control(page, name: str, value: str, slug: str | None = None, pause_ms: int = 0) -> None:

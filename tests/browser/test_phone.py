@@ -19,7 +19,7 @@ from kvx.site import widgets
 from kvx.site.vendor import axe_core_js
 
 from .conftest import SHOTS
-from .pagehooks import wait_all_drawn, wait_url
+from .pagehooks import control_group, wait_all_drawn, wait_url
 
 READY_MS = 90_000
 SIZES = {
@@ -166,8 +166,7 @@ def query(page) -> dict:
 
 
 def control(page, spec):
-    group = page.locator(f".bk-input-group:has(label:text-is('{widgets.title(spec)}'))")
-    return group.locator("input, select").first
+    return control_group(page, widgets.title(spec)).locator("input, select").first
 
 
 def in_view(page, locator, width: int) -> None:
