@@ -123,6 +123,11 @@ function drawTheRest() {
 // load-balancer change: 21 ms to applied, about 100 to painted).
 const timings = [];
 const painted = [];
+// And where each change's time to applied went, ms (the benchmark's breakdown of a first change against the rest):
+// waiting to be sent, on its way to the worker, in the worker (Python's share in it), on its way back, and taken
+// into the plots. performance.timeOrigin puts the page's clock and the worker's on one line.
+const parts = [];
+const clock = () => performance.timeOrigin + performance.now();
 let doc = null;
 let worker = null;
 const uploads = {};          // name -> text of a file the reader gave the model (data, never in the URL)
@@ -376,6 +381,7 @@ function ask(kind, params, at = performance.now()) {
   if (kind === "run") {
     id = state.latest += 1;
     state.sentAt = at;                       // a round trip runs from the reader's change, a wait here included
+    state.postedAt = clock();
   } else {
     state.latestFrame += 1;
     id = `frame-${state.latestFrame}`;
@@ -454,6 +460,10 @@ function onResult(id, reply) {
   apply(reply.data, true);
   const sentAt = state.sentAt;
   timings.push(performance.now() - sentAt);
+  const { at: arrivedAt, worker: inWorker } = state.arrived, sent = performance.timeOrigin + sentAt;
+  parts.push({ waiting: state.postedAt - sent, to_worker: inWorker.received - state.postedAt,
+               worker: inWorker.sent - inWorker.received, python: state.pythonMs, back: arrivedAt - inWorker.sent,
+               drawing: clock() - arrivedAt });
   state.applied += 1;
   html.dataset.kvxApplied = String(state.applied);
   afterNextFrame(() => {
@@ -740,6 +750,7 @@ function startWorker() {
       html.dataset.kvxWarmUp = `${msg.runs} runs in ${Math.round(msg.ms)} ms, ended by ${msg.by}`;   // tests, bench
     } else if (msg.type === "result") {
       state.pythonMs = msg.ms;
+      state.arrived = { at: clock(), worker: msg.at };
       onResult(msg.id, msg.reply);
     } else if (msg.type === "progress") {
       onProgress(msg);
@@ -1330,7 +1341,7 @@ function whenBokehReady() {
 labelsStayInside();
 const bokehOwn = { cssLookup: cssVisualsUnset(), fontSizeRead: plotFontSizeKept(), legendRebuild: legendsKept() };
 
-window.kvx = { onControl: (widget) => { if (!echoed(widget)) request(); }, anim: animation, timings, painted, state, runHere,
+window.kvx = { onControl: (widget) => { if (!echoed(widget)) request(); }, anim: animation, timings, parts, painted, state, runHere,
                onUpload, clearUpload, text: (name) => shown[name], get worker() { return worker; }, bokehOwn };
 
 // Python starts before BokehJS has drawn (it takes 1-2 s on a loaded machine): the two overlap.

@@ -3,7 +3,7 @@
 //               then  {type: "run", id, slug, params}
 //               | {type: "warm", slug, params} (the opening parameters, evaluated before any change: see below)
 //               | {type: "hold"} (the reader has pressed, typed or focused something: end the warm-up)
-// Messages out: {type: "ready", ms, from: "snapshot" | "boot", frozen} | {type: "failed", message} | {type: "result", id, reply}
+// Messages out: {type: "ready", ms, from: "snapshot" | "boot", frozen} | {type: "failed", message} | {type: "result", id, reply, ms, at}
 //               | {type: "warmed", reply, other} (the opening parameters' reply, and one other value's, after a "warm")
 //               | {type: "progress", id, share, text} (during a long run)
 //               | {type: "warm-ended", runs, ms, by} (the warm-up's evaluations, and what ended them)
@@ -189,6 +189,7 @@ self.onmessage = async (event) => {
   } else if (msg.type === "hold") {
     stopped = stopped || "hold";               // the reader is about to change something: the warm-up ends
   } else if (msg.type === "run") {
+    const received = performance.timeOrigin + performance.now();     // the page's breakdown of a round trip
     stopped = stopped || "run";
     await starting;
     await unpacked;
@@ -203,6 +204,7 @@ self.onmessage = async (event) => {
       self.postMessage({ type: "crashed", message: String(err && err.message || err).split("\n")[0] });
       return;
     }
-    self.postMessage({ type: "result", id: msg.id, reply, ms: performance.now() - t0 });   // Python's share
+    self.postMessage({ type: "result", id: msg.id, reply, ms: performance.now() - t0,      // Python's share
+                       at: { received, sent: performance.timeOrigin + performance.now() } });
   }
 };

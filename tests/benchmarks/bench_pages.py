@@ -165,7 +165,7 @@ def round_trips(page, slug: str, changes: int, pace: str = "settled", again: boo
     again = again and len(values) > 1 and values[-1] != values[0]
     if again:
         values = values + values[:1]
-    page.evaluate("window.kvx.timings.length = 0; window.kvx.painted.length = 0")
+    page.evaluate("window.kvx.timings.length = 0; window.kvx.parts.length = 0; window.kvx.painted.length = 0")
     python = []
     for value in values:
         before = page.evaluate("[Number(document.documentElement.dataset.kvxApplied || 0), "
@@ -181,9 +181,10 @@ def round_trips(page, slug: str, changes: int, pace: str = "settled", again: boo
         page.wait_for_function(f"window.kvx.painted.length >= {len(values)}")
     out = {"painted": page.evaluate("Array.from(window.kvx.painted)"),
            "applied": page.evaluate("Array.from(window.kvx.timings)"), "python": python,
+           "parts": page.evaluate("Array.from(window.kvx.parts)"),
            "control": name, "values": values}
     if again:
-        out["again"] = {kind: out[kind].pop() for kind in ("applied", "painted", "python", "values")}
+        out["again"] = {kind: out[kind].pop() for kind in ("applied", "painted", "python", "parts", "values")}
     return out
 
 
@@ -345,6 +346,12 @@ def pooled(r: dict, more: list[dict]) -> None:
     r["first_changes_cold_page_ms"] = [round(part[0], 2) for part in page_parts]
     r["first_change_page_ms"] = round(statistics.median(r["first_changes_cold_page_ms"]), 2)
     r["rest_page_median_ms"] = round(statistics.median([t for part in page_parts for t in part[1:]]), 2)
+    # Where a first change's extra goes (kvx-page.js, parts): each part of it less the same part's median over that
+    # load's other changes, the median over cold loads.
+    r["first_change_parts_over_rest_ms"] = {
+        name: round(statistics.median(load["parts"][0][name] - statistics.median(p[name] for p in load["parts"][1:])
+                                      for load in loads), 2)
+        for name in loads[0]["parts"][0]} if all(len(load["parts"]) > 1 for load in loads) else None
 
 
 def main() -> int:

@@ -54,9 +54,29 @@ def pages_md(b: dict) -> list[str]:
                      f"{r['python_ms']['median']:.1f} / {r['python_ms']['p95']:.1f} ms{probe(r)} | "
                      f"{w['cold'] / 1e6:.2f} MB | {w['warm'] / 1e3:.1f} KB | {w['second_page'] / 1e3:.1f} KB "
                      f"({r['second_page']['page']}) |")
+    lines += first_change_parts_md(b)
     timeouts = b.get("timeouts", [])
     lines += ["", f"Loads that did not become ready within 90 s (each then retried once): {len(timeouts)}."]
     lines += [f"- {t['url'].split('/')[-1]}: {t['status']}" for t in timeouts]
+    return lines
+
+
+PARTS = {"waiting": "waiting to be sent", "to_worker": "to the worker", "worker": "in the worker",
+         "python": "Python's share of it", "back": "back", "drawing": "taken into the plots"}
+
+
+def first_change_parts_md(b: dict) -> list[str]:
+    """Where the first change's extra time went: each part of its round trip less that part's median over the
+    same load's other changes (kvx-page.js, parts), the median over the cold loads."""
+    pages = {slug: r["first_change_parts_over_rest_ms"] for slug, r in b["pages"].items()
+             if r.get("first_change_parts_over_rest_ms")}
+    if not pages:
+        return []
+    lines = ["", "The first change against the rest, part by part (ms; the first change's part less the median of "
+             "the same part over that load's other changes; median over the cold loads):", "",
+             "| page | " + " | ".join(PARTS.values()) + " |", "|---|" + "---:|" * len(PARTS)]
+    for slug, parts in pages.items():
+        lines.append(f"| {slug} | " + " | ".join(f"{parts[k]:+.2f}" for k in PARTS) + " |")
     return lines
 
 

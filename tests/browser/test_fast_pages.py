@@ -293,6 +293,27 @@ def test_the_warm_up_changes_the_sources_its_other_value_leaves_alone(offline_pa
     assert_sources_equal(page, want)
 
 
+def test_each_round_trip_is_broken_into_parts_that_add_up(offline_page, site_url):
+    """kvx.parts says where each change's time to applied went (the benchmark's first change against the rest):
+    waiting, to the worker, in it, back and drawing add up to the round trip, on one clock for page and worker."""
+    page = offline_page
+    page.goto(f"{site_url}/cross-model.html")
+    page.wait_for_selector("html[data-kvx-warmed]", state="attached", timeout=READY_MS)
+    for value in ("9000", "12000"):
+        before = applied(page)
+        control_box(page, "context", "cross-model").fill(value)
+        control_box(page, "context", "cross-model").press("Enter")
+        wait_applied(page, before)
+    trips, parts = page.evaluate("[Array.from(kvx.timings), Array.from(kvx.parts)]")
+    assert len(parts) == len(trips) == 2
+    for trip, p in zip(trips, parts):
+        assert set(p) == {"waiting", "to_worker", "worker", "python", "back", "drawing"}
+        assert all(v >= -0.2 for v in p.values()), p                # clocks coarsened to 0.1 ms at most
+        assert p["python"] <= p["worker"] + 0.2 and p["drawing"] > 0, p
+        total = p["waiting"] + p["to_worker"] + p["worker"] + p["back"] + p["drawing"]
+        assert total == pytest.approx(trip, abs=0.5), (trip, p)
+
+
 def test_a_readers_first_touch_ends_the_warm_up(offline_page, site_url):
     """A press, key or focus ends the worker's warm-up, so the change that follows does not wait for a warm-up
     evaluation in flight; left alone, the warm-up spends its budget (kvx-worker.mjs, WARM_UP_MS = 4 s)."""
