@@ -289,8 +289,19 @@ function setControls(values) {
 const echoes = new Map();                   // control model -> callbacks still to come for values the page wrote
 function setQuietly(widget, value) {
   if (widget.value === value) return;       // no change: Bokeh calls nothing
-  echoes.set(widget, (echoes.get(widget) || 0) + 1);
+  expectEcho(widget);
   widget.value = value;
+}
+
+function expectEcho(widget) {
+  echoes.set(widget, (echoes.get(widget) || 0) + 1);
+}
+
+// Events given to a control's box as a reader's would be; a value they commit is the page's own (its echo counted).
+function dispatchQuietly(widget, input, events) {
+  const before = widget.value;
+  for (const event of events) input.dispatchEvent(event);
+  if (widget.value !== before) expectEcho(widget);                // its callback is coming
 }
 
 function echoed(widget) {
@@ -431,7 +442,7 @@ function onProgress(msg) {
   state.progressShown = true;
 }
 
-function onResult(id, reply) {
+function onResult(id, reply, arrival) {
   if (typeof id === "string") return onFrame(id, reply);
   if (id !== state.latest) return;            // a newer request is on its way
   state.handled = id;
@@ -460,7 +471,7 @@ function onResult(id, reply) {
   apply(reply.data, true);
   const sentAt = state.sentAt;
   timings.push(performance.now() - sentAt);
-  const { at: arrivedAt, worker: inWorker } = state.arrived, sent = performance.timeOrigin + sentAt;
+  const { at: arrivedAt, worker: inWorker } = arrival, sent = performance.timeOrigin + sentAt;
   parts.push({ waiting: state.postedAt - sent, to_worker: inWorker.received - state.postedAt,
                worker: inWorker.sent - inWorker.received, python: state.pythonMs, back: arrivedAt - inWorker.sent,
                drawing: clock() - arrivedAt });
@@ -750,8 +761,7 @@ function startWorker() {
       html.dataset.kvxWarmUp = `${msg.runs} runs in ${Math.round(msg.ms)} ms, ended by ${msg.by}`;   // tests, bench
     } else if (msg.type === "result") {
       state.pythonMs = msg.ms;
-      state.arrived = { at: clock(), worker: msg.at };
-      onResult(msg.id, msg.reply);
+      onResult(msg.id, msg.reply, { at: clock(), worker: msg.at });
     } else if (msg.type === "progress") {
       onProgress(msg);
     } else if (msg.type === "crashed") {
@@ -844,11 +854,8 @@ function warmControls() {
     const other = input.tagName === "SELECT" ? [...input.options].map((o) => o.value).find((v) => v !== was) : `${was}0`;
     if (other === undefined) continue;
     for (const value of [other, was]) {
-      const before = widget.value;
       input.value = value;
-      input.dispatchEvent(new Event("input"));
-      input.dispatchEvent(new Event("change"));
-      if (widget.value !== before) echoes.set(widget, (echoes.get(widget) || 0) + 1);   // its callback is coming
+      dispatchQuietly(widget, input, [new Event("input"), new Event("change")]);
     }
     // The reader's Enter ends with a keyup, which BokehJS's box handles in the frame after it (a ValueSubmit event;
     // an autocomplete box commits its text again, here its own), and a reply that comes meanwhile waits for that
@@ -856,9 +863,7 @@ function warmControls() {
     // mla and cross-model); one keyup here only moved that to the second change (0.56-0.89 ms: the engine compiling
     // it then), a dozen got past it (first changes' keyups 0.07-0.30 ms, median 0.09; the rest 0.09).
     if (input.tagName !== "SELECT") {
-      const before = widget.value;
-      for (let i = 0; i < KEYUPS; i++) input.dispatchEvent(new KeyboardEvent("keyup", { key: "Enter" }));
-      if (widget.value !== before) echoes.set(widget, (echoes.get(widget) || 0) + 1);
+      dispatchQuietly(widget, input, Array.from({ length: KEYUPS }, () => new KeyboardEvent("keyup", { key: "Enter" })));
     }
   }
 }

@@ -31,6 +31,8 @@ const yieldToEvents = () => new Promise((resolve) => {
   turn.port2.postMessage(null);
 });
 // A long replay (a big uploaded trace) reports how far it is; the page shows it while Python works.
+// On the page's clock too (performance.timeOrigin), for its breakdown of a round trip.
+const clock = () => performance.timeOrigin + performance.now();
 self.kvxProgress = (share, text) => self.postMessage({ type: "progress", id: current, share, text });
 
 // Pyodide's loader fetches its WebAssembly itself, and when that fails (an HTTP error, the network), Emscripten
@@ -189,7 +191,7 @@ self.onmessage = async (event) => {
   } else if (msg.type === "hold") {
     stopped = stopped || "hold";               // the reader is about to change something: the warm-up ends
   } else if (msg.type === "run") {
-    const received = performance.timeOrigin + performance.now();     // the page's breakdown of a round trip
+    const received = clock();                  // the page's breakdown of a round trip
     stopped = stopped || "run";
     await starting;
     await unpacked;
@@ -205,6 +207,6 @@ self.onmessage = async (event) => {
       return;
     }
     self.postMessage({ type: "result", id: msg.id, reply, ms: performance.now() - t0,      // Python's share
-                       at: { received, sent: performance.timeOrigin + performance.now() } });
+                       at: { received, sent: clock() } });
   }
 };

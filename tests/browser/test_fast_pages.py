@@ -18,7 +18,8 @@ from kvx.compute.settings import Settings
 from kvx.explainers.registry import REGISTRY
 
 from .conftest import ARGS, CHROMIUM
-from .pagehooks import applied, assert_sources_equal, control_box, expected, wait_all_drawn, wait_applied
+from .pagehooks import (applied, assert_sources_equal, control_box, expected, set_control, wait_all_drawn,
+                        wait_applied)
 
 READY_MS = 90_000
 SLUG, FIELD, VALUE = "paging", "requests", "57"            # a simulation: a change runs real Python
@@ -322,9 +323,7 @@ def test_the_warm_up_runs_the_boxes_enter_keyup_past_its_compiling(offline_page,
     assert page.evaluate("window.kvx.state.latest") == 0
     assert_sources_equal(page, expected("cache-renting"))
     before = applied(page)
-    box = control_box(page, "kv_dtype", "cache-renting")
-    box.fill("fp8")
-    box.press("Enter")
+    set_control(page, "kv_dtype", "fp8", "cache-renting")
     wait_applied(page, before)
     assert_sources_equal(page, expected("cache-renting", kv_dtype="fp8"))
 
@@ -337,8 +336,7 @@ def test_each_round_trip_is_broken_into_parts_that_add_up(offline_page, site_url
     page.wait_for_selector("html[data-kvx-warmed]", state="attached", timeout=READY_MS)
     for value in ("9000", "12000"):
         before = applied(page)
-        control_box(page, "context", "cross-model").fill(value)
-        control_box(page, "context", "cross-model").press("Enter")
+        set_control(page, "context", value, "cross-model")
         wait_applied(page, before)
     trips, parts = page.evaluate("[Array.from(kvx.timings), Array.from(kvx.parts)]")
     assert len(parts) == len(trips) == 2
