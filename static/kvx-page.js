@@ -484,7 +484,8 @@ function onResult(id, reply, arrival) {
 }
 
 // ---- drawing -------------------------------------------------------------------------------------
-function apply(data, keepFrame) {
+// `words`: false for the warm-up's later passes (warmDrawingAgain), which leave the words as they are.
+function apply(data, keepFrame, words = true) {
   const wasAtEnd = state.frame >= lastFrame();
   state.data = data;
   setSources(data.sources);
@@ -504,7 +505,7 @@ function apply(data, keepFrame) {
     }
     if (keepFrame) urlSoon();                          // a reply may move the frame: the address follows
   }
-  applyWords(data);
+  if (words) applyWords(data);
 }
 
 // The words around the plots: texts, formula, readouts and notes (plain elements, outside Bokeh's layout).
@@ -823,11 +824,13 @@ function warmDrawing(data, other) {
 // installing (0.1-0.45 ms), still on the first change. So more passes follow, each in its own task and a moment
 // apart, while the reader does nothing: the compiling that they start, and that finishes off the main thread, is
 // installed during a pass, not during the reader's change. Each pass ends on the opening data, so the picture
-// painted between them is the same. A pass with its repaint takes 50-120 ms here, so of the twenty, the few that
-// come before a reader's first change (a second after ready) do the most. Measured, with the worker's warm-up
-// decoding its replies too (kvx-worker.mjs): first change less the rest's median, medians of 8 cold loads each,
-// against the build before: mla +1.5 -> -0.7 ms, cross-model +1.2 -> +0.2, cache-renting +0.45 -> -0.3;
-// disaggregation +1.3 -> +1.8 (its loads spread from -2 to +5 ms either way).
+// painted between them is the same. The words are left alone: the first pass ran their paths, and the readouts
+// and notes are live regions, which a screen reader would read out again at each rewrite. A pass with its repaint
+// takes 50-120 ms here, so of the twenty, the few that come before a reader's first change (a second after ready)
+// do the most. Measured (passes that also wrote the words), with the worker's warm-up decoding its replies too
+// (kvx-worker.mjs): first change less the rest's median, medians of 8 cold loads each, against the build before:
+// mla +1.5 -> -0.7 ms, cross-model +1.2 -> +0.2, cache-renting +0.45 -> -0.3; disaggregation +1.3 -> +1.8 (its
+// loads spread from -2 to +5 ms either way).
 const DRAW_PASSES = 20;            // passes after the first
 const DRAW_PASS_GAP_MS = 20;
 const DRAW_PASSES_MS = 250;        // the most main-thread time they take (a simulation page's drawing is heavier)
@@ -841,8 +844,8 @@ function warmDrawingAgain(other, data) {
       return;
     }
     const t0 = performance.now();
-    apply(other, false);
-    apply(data, false);
+    apply(other, false, false);
+    apply(data, false, false);
     spent += performance.now() - t0;
     passes += 1;
     setTimeout(pass, DRAW_PASS_GAP_MS);
