@@ -183,15 +183,20 @@ def test_the_style_reads_the_page_skips_would_give_what_it_uses_on_every_page(of
     assert legend_entries > 20                                         # the pages do have legends to keep
 
 
-def when_first_screen_drawn(js: str) -> str:
-    """An init script that runs `js` the moment the page marks its first screen drawn: a MutationObserver's
-    callback, after that task and before any other (no other plot drawn yet, Python not yet ready). It observes
-    the document, since an init script runs before there is an <html> to observe."""
+def when_marked(attribute: str, js: str) -> str:
+    """An init script that runs `js` the moment the page sets `attribute` on <html>: a MutationObserver's
+    callback, after that task and before any other. It observes the document, since an init script runs before
+    there is an <html> to observe."""
     return """new MutationObserver((_, obs) => {
-    if (!document.documentElement || !document.documentElement.hasAttribute('data-kvx-drawn')) return;
+    if (!document.documentElement || !document.documentElement.hasAttribute('%s')) return;
     obs.disconnect();
     %s
-  }).observe(document, {attributes: true, subtree: true, attributeFilter: ['data-kvx-drawn']});""" % js
+  }).observe(document, {attributes: true, subtree: true, attributeFilter: ['%s']});""" % (attribute, js, attribute)
+
+
+def when_first_screen_drawn(js: str) -> str:
+    """`js` the moment the first screen is drawn (no other plot drawn yet, Python not yet ready)."""
+    return when_marked("data-kvx-drawn", js)
 
 
 # ---- the warm-up after ready ---------------------------------------------------------------------------
@@ -295,24 +300,15 @@ def test_the_warm_up_changes_the_sources_its_other_value_leaves_alone(offline_pa
 
 
 # A reader's press as soon as the first pass of the warmed drawing is done: the passes after it have not begun.
-PRESS_WHEN_WARMED = """
-new MutationObserver((_, obs) => {
-  if (!document.documentElement || !document.documentElement.hasAttribute('data-kvx-warmed')) return;
-  obs.disconnect();
-  document.body.dispatchEvent(new PointerEvent('pointerdown', {bubbles: true}));
-}).observe(document, {attributes: true, subtree: true, attributeFilter: ['data-kvx-warmed']});"""
+PRESS_WHEN_WARMED = when_marked("data-kvx-warmed", """
+document.body.dispatchEvent(new PointerEvent('pointerdown', {bubbles: true}));""")
 
 
 # Counts the changes to the live regions' words (readouts, notes) from the moment the first pass is done.
-WORDS_WRITTEN = """
-window.kvxWordsWritten = 0;
-new MutationObserver((_, obs) => {
-  if (!document.documentElement || !document.documentElement.hasAttribute('data-kvx-warmed')) return;
-  obs.disconnect();
-  const count = () => { window.kvxWordsWritten += 1; };
-  for (const id of ['kvx-readouts', 'kvx-notes'])
-    new MutationObserver(count).observe(document.getElementById(id), {childList: true, subtree: true, characterData: true});
-}).observe(document, {attributes: true, subtree: true, attributeFilter: ['data-kvx-warmed']});"""
+WORDS_WRITTEN = "window.kvxWordsWritten = 0;" + when_marked("data-kvx-warmed", """
+const count = () => { window.kvxWordsWritten += 1; };
+for (const id of ['kvx-readouts', 'kvx-notes'])
+  new MutationObserver(count).observe(document.getElementById(id), {childList: true, subtree: true, characterData: true});""")
 
 
 def source_sets(page) -> dict:
