@@ -833,7 +833,7 @@ function warmDrawing(data, other) {
 // loads spread from -2 to +5 ms either way).
 const DRAW_PASSES = 20;            // passes after the first
 const DRAW_PASS_GAP_MS = 20;
-const DRAW_PASSES_MS = 250;        // the most main-thread time they take (a simulation page's drawing is heavier)
+const DRAW_PASSES_MS = 250;        // the most time their applying takes (not their repaints); a simulation's is heavier
 let readerActed = false;           // a press, key or focus (holdWarmUp): the reader is about to change something
 function warmDrawingAgain(other, data) {
   let passes = 0, spent = 0;

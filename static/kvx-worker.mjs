@@ -82,6 +82,8 @@ function decodeColumns(reply) {
   }
   return reply;
 }
+// A page's reply for these parameters, as the page takes it: a run's whole path in the worker but the posting.
+const pageReply = (slug, params) => decodeColumns(JSON.parse(pageJson(slug, JSON.stringify(params))));
 function float64(text) {
   const bytes = atob(text);
   const out = new Uint8Array(bytes.length);
@@ -173,10 +175,10 @@ self.onmessage = async (event) => {
     const changes = warmUpValues(msg.slug);
     let runs = 0;                              // evaluations at other values
     try {
-      const reply = decodeColumns(JSON.parse(pageJson(msg.slug, JSON.stringify(msg.params))));
+      const reply = pageReply(msg.slug, msg.params);
       // and one other value's, for the page to run its drawing's update paths on changed data (warmDrawing)
       const other = changes.length
-        ? decodeColumns(JSON.parse(pageJson(msg.slug, JSON.stringify({ ...msg.params, ...changes[0] })))) : null;
+        ? pageReply(msg.slug, { ...msg.params, ...changes[0] }) : null;
       runs = other ? 1 : 0;
       self.postMessage({ type: "warmed", reply, other });    // the page warms its drawing with them (same picture)
     } catch (err) { /* a real run will report it */ }
@@ -184,10 +186,10 @@ self.onmessage = async (event) => {
     for (let i = 1; changes.length && !stopped && performance.now() - t0 < WARM_UP_MS; i += 1) {
       await yieldToEvents();
       if (stopped) break;
-      // A run's whole path but the posting: decoded, the reply's columns (float64's loop) had run only twice
-      // before the reader's first change, which then paid for the engine compiling them (kvx-page.js,
+      // The reply decoded too, as a run's is: else the columns' decoding (float64's loop) had run only twice
+      // before the reader's first change, which then paid for the engine compiling it (kvx-page.js,
       // warmDrawingAgain: measured with it).
-      try { decodeColumns(JSON.parse(pageJson(msg.slug, JSON.stringify({ ...msg.params, ...changes[i % changes.length] })))); } catch (err) { break; }
+      try { pageReply(msg.slug, { ...msg.params, ...changes[i % changes.length] }); } catch (err) { break; }
       runs += 1;
     }
     self.postMessage({ type: "warm-ended", runs, ms: performance.now() - t0, by: stopped || "budget" });
@@ -204,7 +206,7 @@ self.onmessage = async (event) => {
     current = msg.id;
     let reply;
     try {
-      reply = decodeColumns(JSON.parse(pageJson(msg.slug, JSON.stringify(msg.params))));
+      reply = pageReply(msg.slug, msg.params);
     } catch (err) {
       self.postMessage({ type: "crashed", message: String(err && err.message || err).split("\n")[0] });
       return;
