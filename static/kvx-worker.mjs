@@ -4,7 +4,8 @@
 //               | {type: "warm", slug, params} (the opening parameters, evaluated before any change: see below)
 //               | {type: "hold"} (the reader has pressed, typed or focused something: end the warm-up)
 // Messages out: {type: "ready", ms, from: "snapshot" | "boot", frozen} | {type: "failed", message} | {type: "result", id, reply, ms, at}
-//               | {type: "warmed", reply, other} (the opening parameters' reply, and one other value's, after a "warm")
+//               | {type: "warmed", reply, other, otherParams} (the opening parameters' reply, and one other value's
+//                 with its parameters, after a "warm")
 //               | {type: "progress", id, share, text} (during a long run)
 //               | {type: "warm-ended", runs, ms, by} (the warm-up's evaluations, and what ended them)
 // Pyodide's folder is named by its content hash (site/assets.py), so the page passes its URL and the
@@ -177,10 +178,10 @@ self.onmessage = async (event) => {
     try {
       const reply = pageReply(msg.slug, msg.params);
       // and one other value's, for the page to run its drawing's update paths on changed data (warmDrawing)
-      const other = changes.length
-        ? pageReply(msg.slug, { ...msg.params, ...changes[0] }) : null;
+      const otherParams = changes.length ? { ...msg.params, ...changes[0] } : null;
+      const other = otherParams ? pageReply(msg.slug, otherParams) : null;
       runs = other ? 1 : 0;
-      self.postMessage({ type: "warmed", reply, other });    // the page warms its drawing with them (same picture)
+      self.postMessage({ type: "warmed", reply, other, otherParams });   // the page warms its drawing with them (same picture)
     } catch (err) { /* a real run will report it */ }
     const t0 = performance.now();
     for (let i = 1; changes.length && !stopped && performance.now() - t0 < WARM_UP_MS; i += 1) {
@@ -197,7 +198,7 @@ self.onmessage = async (event) => {
     stopped = stopped || "hold";               // the reader is about to change something: the warm-up ends
   } else if (msg.type === "run") {
     const received = clock();                  // the page's breakdown of a round trip
-    stopped = stopped || "run";
+    if (!String(msg.id).startsWith("warm-")) stopped = stopped || "run";   // a warmed drawing's pass is not a change
     await starting;
     await unpacked;
     // page_json never raises: a bad value comes back as {ok: false, field, message}. What can still

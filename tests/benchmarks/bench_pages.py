@@ -78,7 +78,9 @@ def serve(site: Path):
 # and this is faster. With none (Playwright's fill and press, 2-5 ms apart), the browser took in the focus, the
 # typing and the Enter in one burst, and the page's first change paid for the first time of all three: 6.1 against
 # 3.7 ms for the rest on prompt-caching (on screen 37.0 against 23.7), 4.5 against 3.9 (28.6 against 26.9) with
-# this gap, over seven cold loads each.
+# this gap, over seven cold loads each. The keys are typed this far apart too (pagehooks.set_control), after a click
+# into the box: filled at once, the Enter was the page's first keydown, whose restyling of the focused box put a
+# frame into the first change's round trip alone.
 KEY_GAP_MS = 60
 READING_MS = 1000      # a reader's moment between seeing a value and changing the next (settle, the "read" pace)
 

@@ -311,6 +311,15 @@ for (const id of ['kvx-readouts', 'kvx-notes'])
   new MutationObserver(count).observe(document.getElementById(id), {childList: true, subtree: true, characterData: true});""")
 
 
+# Counts the page's asks to its worker for a warmed drawing's pass (ids "warm-N"), each a real round trip.
+WARM_ASKS = """window.kvxWarmAsks = 0;
+const post = Worker.prototype.postMessage;
+Worker.prototype.postMessage = function (msg, ...rest) {
+  if (msg && msg.type === 'run' && String(msg.id).startsWith('warm-')) window.kvxWarmAsks += 1;
+  return post.call(this, msg, ...rest);
+};"""
+
+
 def source_sets(page) -> dict:
     return page.evaluate("Object.assign({}, window.kvxSourcesSet)")
 
@@ -319,10 +328,13 @@ def test_the_drawing_is_warmed_in_passes_until_the_reader_acts(offline_page, sit
     """One pass of the warmed drawing left the engine's compiling of its paths to the reader's first change (mla:
     its drawing 1.8 ms over the rest's, median of 8 cold loads). More passes follow, one task each, while the reader
     does nothing: every changing source is set again in each, and the opening data is what stays drawn. The words
-    are left alone: the readouts and notes are live regions, which a screen reader reads out at each rewrite."""
+    are left alone: the readouts and notes are live regions, which a screen reader reads out at each rewrite.
+    Each pass after the first asks the worker for the other value, as a change does, so the messages' paths both
+    ways are warmed too; and those asks do not end the worker's own warm-up, as a change does."""
     page = offline_page
     page.add_init_script(SOURCES_SET)
     page.add_init_script(WORDS_WRITTEN)
+    page.add_init_script(WARM_ASKS)
     page.goto(f"{site_url}/mla.html")
     page.wait_for_selector("html[data-kvx-drawing-warmed]", state="attached", timeout=READY_MS)
     ended = page.evaluate("document.documentElement.dataset.kvxDrawingWarmed")
@@ -338,6 +350,9 @@ def test_the_drawing_is_warmed_in_passes_until_the_reader_acts(offline_page, sit
     page.wait_for_timeout(300)
     assert source_sets(page) == counts                            # and then no more
     assert page.evaluate("window.kvxWordsWritten") == 0
+    assert page.evaluate("window.kvxWarmAsks") == passes - 1
+    page.wait_for_selector("html[data-kvx-warm-up]", state="attached", timeout=READY_MS)
+    assert page.evaluate("document.documentElement.dataset.kvxWarmUp").endswith("ended by budget")
     assert page.evaluate("window.kvx.state.latest") == 0
     assert_sources_equal(page, want)
 
