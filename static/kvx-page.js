@@ -848,21 +848,21 @@ let warmPassed = null;             // a pass's reply from the worker (onResult),
 function warmDrawingAgain(otherParams, data) {
   let passes = 0, spent = 0;
   const still = () => !readerActed && state.latest === 0 && animationAsOpened() && worker !== null;
+  const end = () => {
+    warmPassed = null;
+    html.dataset.kvxDrawingWarmed = `${passes + 1} passes, ended by ${still() ? "budget" : "reader"}`;  // tests, bench
+  };
   const pass = () => {
-    if (passes === DRAW_PASSES || spent >= DRAW_PASSES_MS || !still()) {
-      warmPassed = null;
-      html.dataset.kvxDrawingWarmed = `${passes + 1} passes, ended by ${still() ? "budget" : "reader"}`;  // tests, bench
-      return;
-    }
+    if (passes === DRAW_PASSES || spent >= DRAW_PASSES_MS || !still()) return end();
     worker.postMessage({ type: "run", id: `warm-${passes + 1}`, slug: cfg.slug, params: otherParams });
   };
   warmPassed = (reply) => {
-    if (still() && reply.ok && reply.data.sources) {
-      const t0 = performance.now();
-      apply(warmOther(reply.data, data), false, false);
-      apply(data, false, false);
-      spent += performance.now() - t0;
-    }
+    // A reply that comes after the reader acted is not drawn; nor is one the model refused (none should be).
+    if (!still() || !reply.ok || !reply.data.sources) return end();
+    const t0 = performance.now();
+    apply(warmOther(reply.data, data), false, false);
+    apply(data, false, false);
+    spent += performance.now() - t0;
     passes += 1;
     setTimeout(pass, DRAW_PASS_GAP_MS);
   };

@@ -375,6 +375,32 @@ def test_a_readers_press_ends_the_warmed_drawings_passes(offline_page, site_url)
     assert_sources_equal(page, expected("mla", context=8192))
 
 
+# A reader's press the moment the first pass's ask has gone to the worker: its reply comes after the press.
+PRESS_WHEN_ASKED = """
+const postAsked = Worker.prototype.postMessage;
+Worker.prototype.postMessage = function (msg, ...rest) {
+  const out = postAsked.call(this, msg, ...rest);
+  if (msg && msg.type === 'run' && String(msg.id).startsWith('warm-') && !window.kvxSetsAtPress) {
+    window.kvxSetsAtPress = Object.assign({}, window.kvxSourcesSet);
+    document.body.dispatchEvent(new PointerEvent('pointerdown', {bubbles: true}));
+  }
+  return out;
+};"""
+
+
+def test_a_pass_whose_reply_comes_after_the_readers_press_is_not_drawn(offline_page, site_url):
+    """A pass's reply that comes once the reader has pressed is dropped, not drawn over what they are about to
+    change, and no pass follows it."""
+    page = offline_page
+    page.add_init_script(SOURCES_SET)
+    page.add_init_script(PRESS_WHEN_ASKED)
+    page.goto(f"{site_url}/mla.html")
+    page.wait_for_selector("html[data-kvx-drawing-warmed]", state="attached", timeout=READY_MS)
+    assert page.evaluate("document.documentElement.dataset.kvxDrawingWarmed") == "1 passes, ended by reader"
+    assert page.evaluate("window.kvxSetsAtPress") == source_sets(page)
+    assert_sources_equal(page, expected("mla"))
+
+
 # Counts the Enter keyups each box gets, from the moment the first screen is drawn (before the warm-up).
 ENTER_KEYUPS = when_first_screen_drawn("""
 window.kvxKeyups = {};
