@@ -311,13 +311,18 @@ for (const id of ['kvx-readouts', 'kvx-notes'])
   new MutationObserver(count).observe(document.getElementById(id), {childList: true, subtree: true, characterData: true});""")
 
 
-# Counts the page's asks to its worker for a warmed drawing's pass (ids "warm-N"), each a real round trip.
-WARM_ASKS = """window.kvxWarmAsks = 0;
-const post = Worker.prototype.postMessage;
+def on_warm_ask(js: str) -> str:
+    """An init script that runs `js` each time the page has asked its worker for a warmed drawing's pass (a run
+    with id "warm-N": a real round trip)."""
+    return """const post = Worker.prototype.postMessage;
 Worker.prototype.postMessage = function (msg, ...rest) {
-  if (msg && msg.type === 'run' && String(msg.id).startsWith('warm-')) window.kvxWarmAsks += 1;
-  return post.call(this, msg, ...rest);
-};"""
+  const out = post.call(this, msg, ...rest);
+  if (msg && msg.type === 'run' && String(msg.id).startsWith('warm-')) { %s }
+  return out;
+};""" % js
+
+
+WARM_ASKS = "window.kvxWarmAsks = 0;" + on_warm_ask("window.kvxWarmAsks += 1;")
 
 
 def source_sets(page) -> dict:
@@ -357,15 +362,21 @@ def test_the_drawing_is_warmed_in_passes_until_the_reader_acts(offline_page, sit
     assert_sources_equal(page, want)
 
 
+def open_mla_pressed(page, site_url, press: str) -> None:
+    """mla opened with its sources' settings counted and a reader's press where `press` makes it: the passes end
+    at the first, the one warmDrawing draws."""
+    page.add_init_script(SOURCES_SET)
+    page.add_init_script(press)
+    page.goto(f"{site_url}/mla.html")
+    page.wait_for_selector("html[data-kvx-drawing-warmed]", state="attached", timeout=READY_MS)
+    assert page.evaluate("document.documentElement.dataset.kvxDrawingWarmed") == "1 passes, ended by reader"
+
+
 def test_a_readers_press_ends_the_warmed_drawings_passes(offline_page, site_url):
     """The passes are for a reader who is only reading: a press ends them before the next, so a change never
     competes with one, and the reader's change is drawn as CPython computes it."""
     page = offline_page
-    page.add_init_script(SOURCES_SET)
-    page.add_init_script(PRESS_WHEN_WARMED)
-    page.goto(f"{site_url}/mla.html")
-    page.wait_for_selector("html[data-kvx-drawing-warmed]", state="attached", timeout=READY_MS)
-    assert page.evaluate("document.documentElement.dataset.kvxDrawingWarmed") == "1 passes, ended by reader"
+    open_mla_pressed(page, site_url, PRESS_WHEN_WARMED)
     counts = source_sets(page)
     page.wait_for_timeout(300)
     assert source_sets(page) == counts
@@ -376,27 +387,17 @@ def test_a_readers_press_ends_the_warmed_drawings_passes(offline_page, site_url)
 
 
 # A reader's press the moment the first pass's ask has gone to the worker: its reply comes after the press.
-PRESS_WHEN_ASKED = """
-const postAsked = Worker.prototype.postMessage;
-Worker.prototype.postMessage = function (msg, ...rest) {
-  const out = postAsked.call(this, msg, ...rest);
-  if (msg && msg.type === 'run' && String(msg.id).startsWith('warm-') && !window.kvxSetsAtPress) {
+PRESS_WHEN_ASKED = on_warm_ask("""if (!window.kvxSetsAtPress) {
     window.kvxSetsAtPress = Object.assign({}, window.kvxSourcesSet);
     document.body.dispatchEvent(new PointerEvent('pointerdown', {bubbles: true}));
-  }
-  return out;
-};"""
+  }""")
 
 
 def test_a_pass_whose_reply_comes_after_the_readers_press_is_not_drawn(offline_page, site_url):
     """A pass's reply that comes once the reader has pressed is dropped, not drawn over what they are about to
     change, and no pass follows it."""
     page = offline_page
-    page.add_init_script(SOURCES_SET)
-    page.add_init_script(PRESS_WHEN_ASKED)
-    page.goto(f"{site_url}/mla.html")
-    page.wait_for_selector("html[data-kvx-drawing-warmed]", state="attached", timeout=READY_MS)
-    assert page.evaluate("document.documentElement.dataset.kvxDrawingWarmed") == "1 passes, ended by reader"
+    open_mla_pressed(page, site_url, PRESS_WHEN_ASKED)
     assert page.evaluate("window.kvxSetsAtPress") == source_sets(page)
     assert_sources_equal(page, expected("mla"))
 
