@@ -40,8 +40,8 @@ def pages_md(b: dict) -> list[str]:
              f"nine, right before and after the page's changes: how fast this drifting host was while they were "
              f"timed.", "",
              "| page | first screen drawn; every plot drawn | Python ready, cold (× its baseline: median over the cold loads) | boot | first "
-             "change 1 s after ready (cold, median over the cold loads; after a reload) / the rest, median (the first value "
-             "again, at the end) | round trip "
+             "change 1 s after ready (cold, median over the cold loads; after a reload) / the rest, median (its twin: the "
+             "same change once more, at the end) | round trip "
              "p50 / p95 | on screen p50 / p95 | Python p50 / p95 | first visit on the wire | reload | second page |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for slug, r in b["pages"].items():
@@ -77,6 +77,24 @@ def first_change_parts_md(b: dict) -> list[str]:
              "| page | " + " | ".join(PARTS.values()) + " |", "|---|" + "---:|" * len(PARTS)]
     for slug, parts in pages.items():
         lines.append(f"| {slug} | " + " | ".join(f"{parts[k]:+.2f}" for k in PARTS) + " |")
+    twins = {slug: r for slug, r in b["pages"].items() if r.get("first_less_twin")}
+    if twins:
+        lines += ["", "The first change against its twin (bench_pages.first_against_twin: the same change once more "
+                  "at the end, the one like-for-like of a first change), part by part (ms; median over the cold "
+                  "loads of the first's part less the twin's), the whole change and the page's part of it (the "
+                  "change less Python's part: where a model keeps its answers, the twin's Python is a lookup), "
+                  "each with its firsts above their twins and the one-sided sign test's p; no slower where neither "
+                  "p is under 0.05 (under 5 loads it cannot tell):", "",
+                  "| page | " + " | ".join(PARTS.values()) + " | whole change | page's part | no slower |",
+                  "|---|" + "---:|" * (len(PARTS) + 2) + "---|"]
+        for slug, r in twins.items():
+            whole, page, parts = r["first_less_twin"], r.get("first_less_twin_page"), r["first_less_twin_parts_ms"]
+            tests = [whole] + ([page] if page else [])
+            verdict = ("too few loads" if any(t["no_slower"] is None for t in tests)
+                       else "yes" if all(t["no_slower"] for t in tests) else "no")
+            cell = lambda t: f"{t['median_ms']:+.2f} ({t['above']} of {t['loads']}, p {t['sign_test_p']:.2f})" if t else "-"
+            lines.append(f"| {slug} | " + " | ".join(f"{parts[k]:+.2f}" for k in PARTS) +
+                         f" | {cell(whole)} | {cell(page)} | {verdict} |")
     return lines
 
 
@@ -172,8 +190,10 @@ def probe(r: dict) -> str:
 
 
 def again(r: dict) -> str:
-    """The first change's value once more, after the rest, where the run measured it (from 2026-12-03's eleventh
-    session): the first change's like-for-like twin, since a page's first value may cost more or less than the rest."""
+    """The first change made once more at the end, where the run measured it: its twin (from 2026-12-05, the opening
+    value back and then the first value; from 2026-12-03 to then, the first value again after the rest's last)."""
+    if "twin_ms" in r:
+        return f" (twin {r['twin_ms']:.0f})"
     return f" ({r['first_value_again_ms']:.0f})" if "first_value_again_ms" in r else ""
 
 
