@@ -83,8 +83,9 @@ def first_change_parts_md(b: dict) -> list[str]:
                   "at the end, the one like-for-like of a first change), part by part (ms; median over the cold "
                   "loads of the first's part less the twin's), the whole change and the page's part of it (the "
                   "change less Python's part: where a model keeps its answers, the twin's Python is a lookup), "
-                  "each with its firsts above their twins and the one-sided sign test's p; no slower where neither "
-                  "p is under 0.05 (under 5 loads it cannot tell):", "",
+                  "each with its firsts above their twins, the one-sided sign test's p and the 95% upper bound of "
+                  "the median difference (at most); no slower where neither p is under 0.05 (under 5 loads it "
+                  "cannot tell):", "",
                   "| page | " + " | ".join(PARTS.values()) + " | whole change | page's part | no slower |",
                   "|---|" + "---:|" * (len(PARTS) + 2) + "---|"]
         for slug, r in twins.items():
@@ -92,7 +93,9 @@ def first_change_parts_md(b: dict) -> list[str]:
             tests = [whole] + ([page] if page else [])
             verdict = ("too few loads" if any(t["no_slower"] is None for t in tests)
                        else "yes" if all(t["no_slower"] for t in tests) else "no")
-            cell = lambda t: f"{t['median_ms']:+.2f} ({t['above']} of {t['loads']}, p {t['sign_test_p']:.2f})" if t else "-"
+            bound = lambda t: "" if t.get("upper_95_ms") is None else f", at most {t['upper_95_ms']:+.2f}"
+            cell = lambda t: (f"{t['median_ms']:+.2f} ({t['above']} of {t['loads']} above, p {t['sign_test_p']:.2f}"
+                              f"{bound(t)})") if t else "-"
             lines.append(f"| {slug} | " + " | ".join(f"{parts[k]:+.2f}" for k in PARTS) +
                          f" | {cell(whole)} | {cell(page)} | {verdict} |")
     return lines

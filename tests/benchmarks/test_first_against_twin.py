@@ -26,3 +26,12 @@ def test_the_sign_test_on_small_cases(differences, above, p, no_slower):
 
 def test_the_median_difference_is_reported():
     assert first_against_twin([0.3, -0.1, 0.05, 0.2, -0.4])["median_ms"] == 0.05
+
+
+@pytest.mark.parametrize("differences, upper", [
+    ([0.5, -0.2, 0.1, 0.3, -0.4, 0.2], 0.5),                # 6 loads: P(Bin(6) <= 5) = 63/64, the largest
+    ([float(d) for d in range(12)], 9.0),                   # 12: P(Bin(12) <= 8) = 0.927, <= 9 = 0.981: the 10th
+    ([0.1] * 4, None),                                      # 4: even the largest is only a 15/16 = 0.94 bound
+])
+def test_the_upper_bound_of_how_much_slower_a_first_could_be(differences, upper):
+    assert first_against_twin(differences)["upper_95_ms"] == upper
