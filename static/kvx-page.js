@@ -759,7 +759,8 @@ function startWorker() {
         html.dataset.kvxWarmed = "";                                      // tests: the drawing has been warmed
       });
     } else if (msg.type === "warm-ended") {
-      html.dataset.kvxWarmUp = `${msg.runs} runs in ${Math.round(msg.ms)} ms, ended by ${msg.by}`;   // tests, bench
+      html.dataset.kvxWarmUp = `${msg.runs} runs in ${Math.round(msg.ms)} ms, ended by ${msg.by}` +   // tests, bench
+        (msg.reopened ? ", then the opening again" : "");
     } else if (msg.type === "result") {
       state.pythonMs = msg.ms;
       onResult(msg.id, msg.reply, { at: clock(), worker: msg.at });
