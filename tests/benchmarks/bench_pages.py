@@ -373,8 +373,9 @@ def pooled(r: dict, more: list[dict]) -> None:
         r["first_less_twin_ms"] = [round(first - t["applied"], 2) for first, t in twins]
         r["first_less_twin"] = first_against_twin(r["first_less_twin_ms"])
         # The same less Python's part: where the model keeps its answers, the twin's Python is a lookup.
-        r["first_less_twin_page_ms"] = [round(first - load["python"][0] - (load["twin"]["applied"] - load["twin"]["python"]), 2)
-                                        for load in loads if "twin" in load for first in load["applied"][:1]]
+        r["first_less_twin_page_ms"] = [round((load["applied"][0] - load["python"][0])
+                                              - (load["twin"]["applied"] - load["twin"]["python"]), 2)
+                                        for load in loads if "twin" in load]
         r["first_less_twin_page"] = first_against_twin(r["first_less_twin_page_ms"])
         r["first_less_twin_parts_ms"] = {
             name: round(statistics.median(load["parts"][0][name] - load["twin"]["parts"][name]
