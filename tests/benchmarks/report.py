@@ -88,14 +88,14 @@ def first_change_parts_md(b: dict) -> list[str]:
                   "cannot tell):", "",
                   "| page | " + " | ".join(PARTS.values()) + " | whole change | page's part | no slower |",
                   "|---|" + "---:|" * (len(PARTS) + 2) + "---|"]
+        bound = lambda t: "" if t.get("upper_95_ms") is None else f", at most {t['upper_95_ms']:+.2f}"
+        cell = lambda t: (f"{t['median_ms']:+.2f} ({t['above']} of {t['loads']} above, p {t['sign_test_p']:.2f}"
+                          f"{bound(t)})") if t else "-"
         for slug, r in twins.items():
             whole, page, parts = r["first_less_twin"], r.get("first_less_twin_page"), r["first_less_twin_parts_ms"]
             tests = [whole] + ([page] if page else [])
             verdict = ("too few loads" if any(t["no_slower"] is None for t in tests)
                        else "yes" if all(t["no_slower"] for t in tests) else "no")
-            bound = lambda t: "" if t.get("upper_95_ms") is None else f", at most {t['upper_95_ms']:+.2f}"
-            cell = lambda t: (f"{t['median_ms']:+.2f} ({t['above']} of {t['loads']} above, p {t['sign_test_p']:.2f}"
-                              f"{bound(t)})") if t else "-"
             lines.append(f"| {slug} | " + " | ".join(f"{parts[k]:+.2f}" for k in PARTS) +
                          f" | {cell(whole)} | {cell(page)} | {verdict} |")
     return lines

@@ -5,6 +5,7 @@ import array
 import ast
 import base64
 import dataclasses
+import functools
 import math
 import json
 import subprocess
@@ -131,6 +132,7 @@ print(calls)
 """
 
 
+@functools.cache          # a count is the same each time: the cliff's test reuses agent-sessions' two
 def _calls_of_first_change(slug: str, warm: bool, reopen: bool = True) -> int:
     out = subprocess.run([sys.executable, "-c", CALLS_OF_FIRST_CHANGE, slug, json.dumps(_first_change(slug)),
                           str(int(warm)), str(int(reopen))], capture_output=True, text=True, check=True, cwd=ROOT)
