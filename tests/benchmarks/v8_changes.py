@@ -86,13 +86,13 @@ def type_as_a_reader(page, x: float, y: float, value: str) -> None:
     page.keyboard.press("Enter")
 
 
-def trace_page(base: str, slug: str, changes: int, log_path: Path) -> tuple[list[str], dict[int, dict]]:
+def trace_page(base: str, slug: str, changes: int, log_path: Path, more_flags: str = "") -> tuple[list[str], dict[int, dict]]:
     name, values = B.values_to_try(slug, changes)
     opening = B.opening_value(slug, name)
     plan = values + ([opening, values[0]] if values[0] != opening else [])
     with open(log_path, "wb") as log, tempfile.TemporaryDirectory() as profile:
         chromium = subprocess.Popen(["/usr/bin/chromium", "--headless", *B.ARGS, f"--user-data-dir={profile}",
-                                     f"--remote-debugging-port={PORT}", f"--js-flags={V8_FLAGS}", "about:blank"],
+                                     f"--remote-debugging-port={PORT}", f"--js-flags={V8_FLAGS} {more_flags}".strip(), "about:blank"],
                                     stdout=log, stderr=subprocess.DEVNULL)
         try:
             with sync_playwright() as p:
@@ -126,12 +126,14 @@ def main() -> int:
     ap.add_argument("--pages", default="load-balancer,prompt-caching,prefix-reuse,quantization,mla")
     ap.add_argument("--changes", type=int, default=6)
     ap.add_argument("--out", type=Path, default=Path("test-results/v8"))
+    ap.add_argument("--v8-flags", default="", help="more V8 flags, e.g. --trace-deopt-verbose (each bailout's "
+                    "position in the source and the values it had)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     server, base, _ = B.serve(args.site)
     print(f"{'page':16s} {'':12s} first  rest (median)  twin")
     for slug in args.pages.split(","):
-        plan, per = trace_page(base, slug, args.changes, args.out / f"v8-{slug}.log")
+        plan, per = trace_page(base, slug, args.changes, args.out / f"v8-{slug}.log", args.v8_flags)
         twin = per.get(len(plan) - 1) if len(plan) > args.changes else None
         for kind in ("bailouts", "invalidated", "compiles"):
             def n(window):
