@@ -13,6 +13,7 @@ LOG = """\
 [bailout (kind: deopt-eager, reason: wrong map): begin. deoptimizing 0x4 <JSFunction c (sfi = 0x5)>, 0x6 <Code MAGLEV>, opt id 482
             ;;; deoptimize at <bokeh.min.js:206:954>
 [bailout (kind: deopt-lazy, reason: (unknown)): begin. deoptimizing 0x7 <JSFunction select (sfi = 0x8)>, 0x9 <Code MAGLEV>
+[bailout (kind: deopt-eager, reason: wrong map): begin. deoptimizing 0x17 <JSFunction (sfi = 0x18)>, 0x19 <Code MAGLEV>
 [bailout (kind: deopt-eager, reason: wrong call target, type: Wasm): begin. deoptimizing wasm-function[1922], function index 1922
 [marking dependent code 0xa <Code MAGLEV> (0xb <SharedFunctionInfo _paint>) (opt id 680) for deoptimization, reason: dependent field type changed]
 [completed compiling 0xc <JSFunction set_data (sfi = 0xd)> (target MAGLEV) - took 0.000, 1.835, 0.029 ms]
@@ -29,7 +30,7 @@ LOG = """\
 def test_each_change_gets_the_lines_between_its_mark_and_the_next():
     per = windows(LOG)
     assert set(per) == {0, 1, 2}                                # before the first mark and after -1: no change's
-    assert per[0] == {"bailouts": ["c: wrong map", "select: (unknown)"],   # WebAssembly's left out
+    assert per[0] == {"bailouts": ["c: wrong map", "select: (unknown)", "(anonymous): wrong map"],   # not WebAssembly's
                       "invalidated": 1, "compiles": 2}
     assert per[1] == {"bailouts": [], "invalidated": 0, "compiles": 1}
     assert per[2] == {"bailouts": [], "invalidated": 0, "compiles": 0}

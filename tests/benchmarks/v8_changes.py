@@ -37,7 +37,7 @@ PORT = 9333
 MARK = re.compile(r"KVXMARK (-?\d+)")
 
 
-BAILOUT = re.compile(r"\[bailout \(kind: [\w-]+, reason: (.*?)\): begin\. deoptimizing \S+ <JSFunction ?([^ >]*)")
+BAILOUT = re.compile(r"\[bailout \(kind: [\w-]+, reason: (.*?)\): begin\. deoptimizing \S+ <JSFunction ?([^ >(]*)")
 
 
 def counts(lines: list[str]) -> dict:
@@ -105,6 +105,8 @@ def trace_page(base: str, slug: str, changes: int, log_path: Path, more_flags: s
                 page = browser.contexts[0].pages[0]
                 B.ready_ms(page, f"{base}/{slug}.html")
                 B.settle(page)
+                # the warm-up's passes over (the trace slows them): a first change's window is the change's alone
+                page.wait_for_selector("html[data-kvx-drawing-warmed]", state="attached", timeout=60_000)
                 x, y = page.evaluate(BOX_CENTRE, name)
                 for i, value in enumerate(plan):
                     painted = int(page.evaluate("Number(document.documentElement.dataset.kvxPainted || 0)"))
