@@ -12,14 +12,16 @@ next change's, its reading time included, where compiles it set off finish. Per 
   invalidated    optimised code marked to be thrown away (a map deprecated, a prototype changed);
   compiles       optimising compiles finished (Maglev and TurboFan), mostly to replace what was thrown away.
 The changes are bench_pages' (values_to_try at the "read" pace, then the twin: the opening value back, then the
-first value again), typed as a reader types them, through the browser's input events alone (type_as_a_reader). The trace is the renderer's, the page and its worker together;
-the worker's bailouts in WebAssembly (Pyodide) are left out.
+first value again), typed as a reader types them, through the browser's input events alone (type_as_a_reader).
+The trace is the renderer's, the page and its worker together; the worker's bailouts in WebAssembly (Pyodide)
+are left out.
 Not a test: a diagnosis, for the first change's extra (issue 16). Writes v8-<page>.log and prints a table.
 """
 from __future__ import annotations
 
 import argparse
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -33,10 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bench_pages as B  # noqa: E402  (its server, typing, values and pace)
 
 V8_FLAGS = "--trace-opt --trace-deopt --allow-natives-syntax"
-PORT = 9333
 MARK = re.compile(r"KVXMARK (-?\d+)")
-
-
 BAILOUT = re.compile(r"\[bailout \(kind: [\w-]+, reason: (.*?)\): begin\. deoptimizing \S+ <JSFunction ?([^ >(]*)")
 
 
@@ -86,22 +85,40 @@ def type_as_a_reader(page, x: float, y: float, value: str) -> None:
     page.keyboard.press("Enter")
 
 
-def trace_page(base: str, slug: str, changes: int, log_path: Path, more_flags: str = "") -> tuple[list[str], dict[int, dict]]:
+def amount(window: dict | None, kind: str) -> int | None:
+    """How many of a kind in a window (None: no such window)."""
+    if window is None:
+        return None
+    return len(window[kind]) if kind == "bailouts" else window[kind]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trace_page(base: str, slug: str, changes: int, log_path: Path,
+               more_flags: str = "") -> tuple[list[str], dict[int, dict]]:
+    """One cold load of the page in a fresh profile, its changes made, V8's trace written to log_path and cut."""
     name, values = B.values_to_try(slug, changes)
     opening = B.opening_value(slug, name)
     plan = values + ([opening, values[0]] if values[0] != opening else [])
+    port = free_port()
     with open(log_path, "wb") as log, tempfile.TemporaryDirectory() as profile:
         chromium = subprocess.Popen(["/usr/bin/chromium", "--headless", *B.ARGS, f"--user-data-dir={profile}",
-                                     f"--remote-debugging-port={PORT}", f"--js-flags={V8_FLAGS} {more_flags}".strip(), "about:blank"],
-                                    stdout=log, stderr=subprocess.DEVNULL)
+                                     f"--remote-debugging-port={port}", f"--js-flags={V8_FLAGS} {more_flags}".strip(),
+                                     "about:blank"], stdout=log, stderr=subprocess.DEVNULL)
         try:
             with sync_playwright() as p:
                 for _ in range(50):
                     try:
-                        browser = p.chromium.connect_over_cdp(f"http://127.0.0.1:{PORT}")
+                        browser = p.chromium.connect_over_cdp(f"http://127.0.0.1:{port}")
                         break
                     except Exception:      # noqa: BLE001  (not listening yet)
                         time.sleep(0.2)
+                else:
+                    raise RuntimeError(f"Chromium did not listen on port {port} within 10 s")
                 page = browser.contexts[0].pages[0]
                 B.ready_ms(page, f"{base}/{slug}.html")
                 B.settle(page)
@@ -138,10 +155,8 @@ def main() -> int:
         plan, per = trace_page(base, slug, args.changes, args.out / f"v8-{slug}.log", args.v8_flags)
         twin = per.get(len(plan) - 1) if len(plan) > args.changes else None
         for kind in ("bailouts", "invalidated", "compiles"):
-            def n(window):
-                return None if window is None else len(window[kind]) if kind == "bailouts" else window[kind]
-            rest = statistics.median(n(per.get(i, counts([]))) for i in range(1, args.changes))
-            print(f"{slug:16s} {kind:12s} {n(per.get(0))!s:>5s}  {rest:>13}  {n(twin)!s:>4s}")
+            rest = statistics.median(amount(per.get(i, counts([])), kind) for i in range(1, args.changes))
+            print(f"{slug:16s} {kind:12s} {amount(per.get(0), kind)!s:>5s}  {rest:>13}  {amount(twin, kind)!s:>4s}")
         print(f"{'':16s} first change's bailouts: {'; '.join(per.get(0, counts([]))['bailouts']) or 'none'}")
     server.should_exit = True
     return 0
