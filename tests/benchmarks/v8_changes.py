@@ -98,10 +98,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def trace_page(base: str, slug: str, changes: int, log_path: Path,
-               more_flags: str = "") -> tuple[list[str], dict[int, dict]]:
-    """One cold load of the page in a fresh profile, its changes made, V8's trace written to log_path and cut."""
+def trace_page(base: str, slug: str, changes: int, log_path: Path, more_flags: str = "",
+               first: int = 0) -> tuple[list[str], dict[int, dict]]:
+    """One cold load of the page in a fresh profile, its changes made, V8's trace written to log_path and cut.
+    `first`: which of values_to_try's values comes first (the rest follow in turn), for a first value other
+    than the benchmark's."""
     name, values = B.values_to_try(slug, changes)
+    values = values[first:] + values[:first]
     opening = B.opening_value(slug, name)
     plan = values + ([opening, values[0]] if values[0] != opening else [])
     port = free_port()
@@ -145,6 +148,8 @@ def main() -> int:
     ap.add_argument("--pages", default="load-balancer,prompt-caching,prefix-reuse,quantization,mla")
     ap.add_argument("--changes", type=int, default=6)
     ap.add_argument("--out", type=Path, default=Path("test-results/v8"))
+    ap.add_argument("--first", type=int, default=0, help="which of the benchmark's values comes first "
+                    "(0: its own first value, one above the default where it can be)")
     ap.add_argument("--v8-flags", default="", help="more V8 flags, e.g. --trace-deopt-verbose (each bailout's "
                     "position in the source and the values it had)")
     args = ap.parse_args()
@@ -152,7 +157,8 @@ def main() -> int:
     server, base, _ = B.serve(args.site)
     print(f"{'page':16s} {'':12s} first  rest (median)  twin")
     for slug in args.pages.split(","):
-        plan, per = trace_page(base, slug, args.changes, args.out / f"v8-{slug}.log", args.v8_flags)
+        plan, per = trace_page(base, slug, args.changes, args.out / f"v8-{slug}.log", args.v8_flags,
+                                 args.first)
         twin = per.get(len(plan) - 1) if len(plan) > args.changes else None
         for kind in ("bailouts", "invalidated", "compiles"):
             rest = statistics.median(amount(per.get(i, counts([])), kind) for i in range(1, args.changes))
