@@ -319,6 +319,23 @@ def warm_up_values(slug: str) -> list[dict]:
     return []
 
 
+def neighbour_values(slug: str) -> list[dict]:
+    """Each number box's nearest values to its default, one step up and one down (an integer's step 1, a
+    number's a twentieth of it), where the model accepts them, box by box: what the page's warm-up passes draw
+    (kvx-page.js, warmDrawingAgain: why). The warm-up's own values all lie below one default, or are other seeds."""
+    explainer = get(slug)
+    out = []
+    for s in explainer.params.describe():
+        if s["kind"] not in ("integer", "number") or s["default"] is None:
+            continue
+        step = 1 if s["kind"] == "integer" else abs(s["default"]) / 20 or 0.05
+        for value in (s["default"] + step, s["default"] - step):
+            change = {s["name"]: str(value if s["kind"] == "integer" else round(value, 6))}
+            if _valid(explainer, change):                          # validation only: no evaluation
+                out.append(change)
+    return out
+
+
 def _valid(explainer: Explainer, values: dict) -> bool:
     try:
         params_from(explainer, dict(values))

@@ -754,7 +754,7 @@ function startWorker() {
       // Once every plot is drawn: a plot drawn after it (below the first screen) would run its update paths
       // for the first time on the reader's first change.
       whenAllDrawn(() => {
-        if (msg.reply.ok) warmDrawing(msg.reply.data, msg.other && msg.other.ok ? msg.other.data : null, msg.otherParams);
+        if (msg.reply.ok) warmDrawing(msg.reply.data, msg.other && msg.other.ok ? msg.other.data : null, msg.passParams);
         if (state.latest === 0) warmControls();
         html.dataset.kvxWarmed = "";                                      // tests: the drawing has been warmed
       });
@@ -791,14 +791,14 @@ const animationAsOpened = () => state.latestFrame === 0 && state.wantFrame === n
 // 2-5 ms against 1-2 for the rest; warming the sources alone left its whole drawing at 3.1-6.7 ms against 2-3
 // (2.1-6.0 with the words warmed too); warming all but the animation left the pages that animate their data
 // (cache-renting, agent-sessions, disaggregation) with the slowest first changes of the arithmetic pages.
-function warmDrawing(data, other, otherParams) {
+function warmDrawing(data, other, passParams) {
   if (state.latest !== 0 || !data.sources) return;               // the reader was quicker: nothing to warm
   const opening = animationAsOpened();
   const otherHere = other && warmOther(other, data);
   if (otherHere && opening) {
     apply(otherHere, false);
     apply(data, false);          // compared with what each source holds, as a reply's data is (sameColumns)
-    if (otherParams) warmDrawingAgain(otherParams, data);
+    if (passParams && passParams.length) warmDrawingAgain(passParams, data);
   } else {
     if (otherHere) {
       setSources(otherHere.sources, true);
@@ -835,18 +835,29 @@ function warmOther(other, data) {
 // (kvx-worker.mjs): first change less the rest's median, medians of 8 cold loads each, against the build before:
 // mla +1.5 -> -0.7 ms, cross-model +1.2 -> +0.2, cache-renting +0.45 -> -0.3; disaggregation +1.3 -> +1.8 (its
 // loads spread from -2 to +5 ms either way).
-// Each pass after the first asks the worker for the other value as a change does (a "run", id "warm-N", which does
+// Each pass after the first asks the worker for its value as a change does (a "run", id "warm-N", which does
 // not end the worker's warm-up), and draws the reply it gets: the messages' paths both ways, the worker's run and
 // the page's taking of a result, had run only for the reader's first change. With the benchmark's typing as a
 // reader's (tests/browser/pagehooks.py, set_control), first change less the rest's median, medians of 10 cold
 // loads each, passes drawn from the warm-up's copy -> from a round trip each: mla +0.95 -> +0.60 ms, cross-model
 // +0.85 -> +0.20, cross-layer +0.65 -> +0.25; disaggregation +0.75 -> +1.00 (first above the rest in 8 -> 5 of 10).
+// The passes draw the opening's neighbours in turn, each number box's value one step up and one down
+// (registry.neighbour_values), not one other value. What was left of a first change's extra was the engine meeting
+// in BokehJS shapes of objects that the reader's value brought and the passes' one value had not shown it (a label
+// column empty, a list where a packed column was, a one-row column through a view), and throwing away the code
+// compiled for the others. V8's bailouts in a first change (tests/benchmarks/v8_changes.py, one load each), with
+// the benchmark's first value (among the neighbours) and with its fourth (not among them): load-balancer 5 -> 3
+// and 5 -> 2, prompt-caching 3 -> 1 and 3 -> 1, prefix-reuse 8 -> 1 and 12 -> 4; one left on each is the
+// reader's click (a MouseEvent), before the change is sent, and three of prefix-reuse's four an axis's tick
+// labels at a new precision; quantization (0) and mla (1) as they were. The reply's drawing, first less its twin,
+// medians of 6 interleaved cold loads, before -> after: load-balancer +1.10 -> +0.20 ms, prompt-caching +0.15 ->
+// -0.50, prefix-reuse +0.80 -> -0.35, quantization +0.45 -> +0.35, mla +0.30 -> +0.75.
 const DRAW_PASSES = 20;            // passes after the first
 const DRAW_PASS_GAP_MS = 20;
 const DRAW_PASSES_MS = 250;        // the most time their applying takes (not their repaints); a simulation's is heavier
 let readerActed = false;           // a press, key or focus (holdWarmUp): the reader is about to change something
 let warmPassed = null;             // a pass's reply from the worker (onResult), while the passes last
-function warmDrawingAgain(otherParams, data) {
+function warmDrawingAgain(passParams, data) {
   let passes = 0, spent = 0;
   const still = () => !readerActed && state.latest === 0 && animationAsOpened() && worker !== null;
   const end = () => {
@@ -855,15 +866,19 @@ function warmDrawingAgain(otherParams, data) {
   };
   const pass = () => {
     if (passes === DRAW_PASSES || spent >= DRAW_PASSES_MS || !still()) return end();
-    worker.postMessage({ type: "run", id: `warm-${passes + 1}`, slug: cfg.slug, params: otherParams });
+    const params = passParams[passes % passParams.length];
+    worker.postMessage({ type: "run", id: `warm-${passes + 1}`, slug: cfg.slug, params });
   };
   warmPassed = (reply) => {
-    // A reply that comes after the reader acted is not drawn; nor is one the model refused (none should be).
-    if (!still() || !reply.ok || !reply.data.sources) return end();
-    const t0 = performance.now();
-    apply(warmOther(reply.data, data), false, false);
-    apply(data, false, false);
-    spent += performance.now() - t0;
+    // A reply that comes after the reader acted is not drawn; nor is one the model refused (a neighbour valid
+    // alone that the model turns down at these settings): the passes go on to the next.
+    if (!still()) return end();
+    if (reply.ok && reply.data.sources) {
+      const t0 = performance.now();
+      apply(warmOther(reply.data, data), false, false);
+      apply(data, false, false);
+      spent += performance.now() - t0;
+    }
     passes += 1;
     setTimeout(pass, DRAW_PASS_GAP_MS);
   };

@@ -4,8 +4,8 @@
 //               | {type: "warm", slug, params} (the opening parameters, evaluated before any change: see below)
 //               | {type: "hold"} (the reader has pressed, typed or focused something: end the warm-up)
 // Messages out: {type: "ready", ms, from: "snapshot" | "boot", frozen} | {type: "failed", message} | {type: "result", id, reply, ms, at}
-//               | {type: "warmed", reply, other, otherParams} (the opening parameters' reply, and one other value's
-//                 with its parameters, after a "warm")
+//               | {type: "warmed", reply, other, passParams} (the opening parameters' reply, one other value's,
+//                 and the parameters the page's passes draw, after a "warm")
 //               | {type: "progress", id, share, text} (during a long run)
 //               | {type: "warm-ended", runs, ms, by, reopened} (the warm-up's evaluations, what ended them, and whether
 //                 the opening was evaluated once more after them)
@@ -14,6 +14,7 @@
 
 let pageJson = null;
 let warmUpValues = () => [];
+let neighbourValues = () => [];
 let starting = null;
 let unpacked = null;         // the model wheel's files in site-packages (after "ready" when restored from the snapshot)
 let current = null;          // the id of the request Python is working on
@@ -58,7 +59,7 @@ import importlib, site, zipfile
 zipfile.ZipFile("/tmp/kvx_models.whl").extractall(site.getsitepackages()[0])
 importlib.invalidate_caches()`;
 const HOOK = `
-from kvx.explainers.registry import page_json, warm_up_values
+from kvx.explainers.registry import neighbour_values, page_json, warm_up_values
 import js
 from kvx.explainers.core import traces
 traces.progress = lambda share, text: js.kvxProgress(share, text)
@@ -146,11 +147,15 @@ async function start(wheelURL, pyodideURL, snapshotURL) {
   pageJson = hooked.get(0);
   const frozen = hooked.get(1);
   hooked.destroy();
-  const values = pyodide.globals.get("warm_up_values");
-  warmUpValues = (slug) => {
-    const list = values(slug);
-    try { return list.toJs({ dict_converter: Object.fromEntries }); } finally { list.destroy(); }
+  const fromPython = (name) => {
+    const f = pyodide.globals.get(name);
+    return (slug) => {
+      const list = f(slug);
+      try { return list.toJs({ dict_converter: Object.fromEntries }); } finally { list.destroy(); }
+    };
   };
+  warmUpValues = fromPython("warm_up_values");
+  neighbourValues = fromPython("neighbour_values");
   return { ms: performance.now() - t0, from, frozen };
 }
 
@@ -182,7 +187,9 @@ self.onmessage = async (event) => {
       const otherParams = changes.length ? { ...msg.params, ...changes[0] } : null;
       const other = otherParams ? pageReply(msg.slug, otherParams) : null;
       runs = other ? 1 : 0;
-      self.postMessage({ type: "warmed", reply, other, otherParams });   // the page warms its drawing with them (same picture)
+      // and the opening's neighbours, which the page's passes draw (kvx-page.js, warmDrawingAgain)
+      const passParams = neighbourValues(msg.slug).map((c) => ({ ...msg.params, ...c }));
+      self.postMessage({ type: "warmed", reply, other, passParams });   // the page warms its drawing with them (same picture)
     } catch (err) { /* a real run will report it */ }
     const t0 = performance.now();
     for (let i = 1; changes.length && !stopped && performance.now() - t0 < WARM_UP_MS; i += 1) {

@@ -113,11 +113,13 @@ def _first_change(slug: str) -> dict:
 # `reopen`, the opening again. In a fresh interpreter, so every model cache starts empty.
 CALLS_OF_FIRST_CHANGE = """
 import json, sys
-from kvx.explainers.registry import page_json, warm_up_values
+from kvx.explainers.registry import neighbour_values, page_json, warm_up_values
 slug, change, warm, reopen = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
 page_json(slug, "{}")
 if warm:
     for values in warm_up_values(slug):
+        page_json(slug, json.dumps(values))
+    for values in neighbour_values(slug):         # the page's passes, which the worker answers during its warm-up
         page_json(slug, json.dumps(values))
     if reopen:
         page_json(slug, "{}")
@@ -141,9 +143,10 @@ def _calls_of_first_change(slug: str, warm: bool, reopen: bool = True) -> int:
 
 @pytest.mark.parametrize("slug", list(REGISTRY))
 def test_the_warm_up_leaves_a_first_change_no_more_work_than_the_opening_did(slug):
-    """The worker's warm-up evaluates 200 other values, which fill the models' caches with their entries; it
-    ends on the opening once more (kvx-worker.mjs), so a reader's first change finds what it shares with the
-    opening as it would right after the opening alone, and does no more work than that."""
+    """The worker's warm-up evaluates 200 other values, and meanwhile the page's passes ask for the opening's
+    neighbours: they fill the models' caches with their entries. The warm-up ends on the opening once more
+    (kvx-worker.mjs), so a reader's first change finds what it shares with the opening as it would right after the
+    opening alone, and does no more work than that."""
     assert _calls_of_first_change(slug, warm=True) <= _calls_of_first_change(slug, warm=False)
 
 
@@ -217,3 +220,28 @@ def test_the_workers_packed_reply_is_the_plain_reply(slug):
         assert packed["ok"] and _unpacked(packed["data"]) == plain["data"]
         if slug == "load-balancer":                  # its curves are long columns of long decimals: packed
             assert sum(isinstance(c, dict) for cols in packed["data"]["sources"].values() for c in cols.values()) > 4
+
+
+@pytest.mark.parametrize("slug", sorted(REGISTRY))
+def test_the_passes_values_are_each_number_boxs_neighbours(slug):
+    """registry.neighbour_values: one step up and one down from each number box's default (an integer's step 1, a
+    number's a twentieth of it), within the box's bounds, one box changed at a time."""
+    from kvx.explainers.registry import neighbour_values
+    specs = {s["name"]: s for s in REGISTRY[slug].params.describe()}
+    changes = neighbour_values(slug)
+    assert changes
+    for change in changes:
+        (name, value), = change.items()
+        spec = specs[name]
+        step = 1 if spec["kind"] == "integer" else abs(spec["default"]) / 20 or 0.05
+        assert float(value) in (pytest.approx(spec["default"] + step), pytest.approx(spec["default"] - step))
+        assert (spec["min"] is None or float(value) >= spec["min"]) and (spec["max"] is None or float(value) <= spec["max"])
+    boxes = [s for s in specs.values() if s["kind"] in ("integer", "number") and s["default"] is not None]
+    assert {next(iter(c)) for c in changes} <= {s["name"] for s in boxes}
+
+
+def test_mlas_neighbours_worked_by_hand():
+    """mla: context 4096 gives 4097 and 4095; bandwidth efficiency and MFU at 1.0, their most, give 0.95 only."""
+    from kvx.explainers.registry import neighbour_values
+    assert neighbour_values("mla") == [{"context": "4097"}, {"context": "4095"}, {"bandwidth_efficiency": "0.95"},
+                                       {"mfu": "0.95"}]
