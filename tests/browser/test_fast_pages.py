@@ -348,9 +348,9 @@ def test_the_drawing_is_warmed_in_passes_until_the_reader_acts(offline_page, sit
     assert ended.endswith("ended by budget") and passes >= 5, ended       # 21 at most; fewer if the time ran out
     from kvx.explainers.registry import neighbour_values
     want, neighbours = expected("mla"), neighbour_values("mla")
-    asked = [neighbours[k % len(neighbours)] for k in range(passes - 1)]
     replies = [expected("mla", **values) for values in neighbours]
-    changed_by = {key: sum(replies[neighbours.index(values)]["sources"].get(key) != cols for values in asked)
+    asked = [replies[k % len(replies)] for k in range(passes - 1)]           # pass k asks for neighbour k
+    changed_by = {key: sum(reply["sources"].get(key) != cols for reply in asked)
                   for key, cols in want["sources"].items()}
     assert sum(changed_by.values()) >= passes - 1                  # else a pass would set nothing
     counts = source_sets(page)

@@ -235,7 +235,8 @@ def test_the_passes_values_are_each_number_boxs_neighbours(slug):
         spec = specs[name]
         step = 1 if spec["kind"] == "integer" else abs(spec["default"]) / 20 or 0.05
         assert float(value) in (pytest.approx(spec["default"] + step), pytest.approx(spec["default"] - step))
-        assert (spec["min"] is None or float(value) >= spec["min"]) and (spec["max"] is None or float(value) <= spec["max"])
+        assert spec["min"] is None or float(value) >= spec["min"]
+        assert spec["max"] is None or float(value) <= spec["max"]
     boxes = [s for s in specs.values() if s["kind"] in ("integer", "number") and s["default"] is not None]
     assert {next(iter(c)) for c in changes} <= {s["name"] for s in boxes}
 
