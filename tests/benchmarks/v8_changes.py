@@ -108,7 +108,8 @@ def trace_page(base: str, slug: str, changes: int, log_path: Path, more_flags: s
     opening = B.opening_value(slug, name)
     plan = values + ([opening, values[0]] if values[0] != opening else [])
     port = free_port()
-    with open(log_path, "wb") as log, tempfile.TemporaryDirectory() as profile:
+    # ignore_cleanup_errors: Chromium's helper processes can still be writing into the profile as it is removed
+    with open(log_path, "wb") as log, tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         chromium = subprocess.Popen(["/usr/bin/chromium", "--headless", *B.ARGS, f"--user-data-dir={profile}",
                                      f"--remote-debugging-port={port}", f"--js-flags={V8_FLAGS} {more_flags}".strip(),
                                      "about:blank"], stdout=log, stderr=subprocess.DEVNULL)
