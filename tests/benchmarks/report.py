@@ -30,6 +30,7 @@ def drawn(cold: dict) -> str:
 def pages_md(b: dict) -> list[str]:
     subset = " (a subset of the pages)" if b.get("subset") else ""
     pace = {"settled": "each change came once the previous one was drawn",
+            "read": "each change came a second after the previous one was on screen, as a reader's does",
             "back-to-back": "each change came as soon as the previous reply was applied"}.get(
         b.get("pace"), "each change came as soon as the previous reply was applied (before --pace)")
     lines = [f"Baseline: a bare page whose module worker only loads Pyodide core, loaded cold in a fresh profile "
