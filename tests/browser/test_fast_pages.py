@@ -367,6 +367,48 @@ def test_the_drawing_is_warmed_in_passes_until_the_reader_acts(offline_page, sit
     assert_sources_equal(page, want)
 
 
+def bokehjs_calls(cdp) -> dict:
+    """BokehJS's functions called since the last take of V8's precise coverage: (name, start) -> calls."""
+    out = {}
+    for script in cdp.send("Profiler.takePreciseCoverage")["result"]:
+        if "/bokeh-" in script["url"]:
+            for f in script["functions"]:
+                if f["ranges"][0]["count"]:
+                    out[(f["functionName"] or "(anonymous)", f["ranges"][0]["startOffset"])] = f["ranges"][0]["count"]
+    return out
+
+
+@pytest.mark.parametrize("slug", sorted(REGISTRY))
+def test_a_first_change_runs_no_bokehjs_code_the_warm_up_did_not(offline_page, site_url, slug):
+    """The warm-up's passes draw the opening's neighbours so that a reader's first change to one of them takes its
+    data into the plots with no BokehJS code that the engine meets for the first time (it would run uncompiled,
+    and be compiled then). Counted by V8's precise coverage (tests/benchmarks/first_run_code.py does it by hand):
+    the BokehJS functions the first change calls were all called before it. The taking in alone, which is what a
+    round trip times: the frames are held (requestAnimationFrame), since the passes paint only the opening's
+    picture and a neighbour's repaint has its own paths (a data range moved, a canvas resized); and the box is
+    scrolled to first, as a reader's is. On mla six renderers' culling masks changed first in a reader's change,
+    because a pass put the opening data back before BokehJS's awaited steps saw its neighbour's (kvx-page.js,
+    bokehsContinuations)."""
+    page = offline_page
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("Profiler.enable")
+    cdp.send("Profiler.startPreciseCoverage", {"callCount": True, "detailed": False})
+    page.goto(f"{site_url}/{slug}.html")
+    page.wait_for_selector("html[data-kvx-drawing-warmed]", state="attached", timeout=READY_MS)
+    assert page.evaluate("document.documentElement.dataset.kvxDrawingWarmed").endswith("ended by budget")
+    from kvx.explainers.registry import neighbour_values
+    [(name, value)] = neighbour_values(slug)[0].items()             # a neighbour: what the passes drew
+    control_box(page, name, slug).scroll_into_view_if_needed()
+    page.wait_for_timeout(300)
+    page.evaluate("window.requestAnimationFrame = () => 0")
+    before, done = bokehjs_calls(cdp), applied(page)
+    set_control(page, name, value, slug)
+    wait_applied(page, done)
+    page.wait_for_timeout(100)
+    first_time = sorted(key for key in bokehjs_calls(cdp) if key not in before)
+    assert first_time == [], f"{slug}, {name} = {value}: BokehJS functions called for the first time {first_time}"
+
+
 def open_mla_pressed(page, site_url, press: str) -> None:
     """mla opened with its sources' settings counted and a reader's press where `press` makes it: the passes end
     at the first, the one warmDrawing draws."""
