@@ -16,29 +16,14 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from playwright.sync_api import sync_playwright
 
 sys.path.insert(0, str(Path(__file__).parent))
 import bench_pages as B  # noqa: E402  (its server, values and pace)
-from v8_changes import BOX_CENTRE, type_as_a_reader  # noqa: E402
-
-
-def called(coverage: list[dict]) -> dict[tuple[str, int], int]:
-    """One take of precise coverage (Profiler.takePreciseCoverage's result) as (script id, function's start
-    offset) -> calls since the last take; functions not called are left out, and so are scripts without an
-    address (the harness's own: each page.evaluate is one). A function's first range is the whole function (the
-    rest are its blocks, and "detailed": false gives none)."""
-    out: dict[tuple[str, int], int] = {}
-    for script in coverage:
-        if not script["url"]:
-            continue
-        for f in script["functions"]:
-            whole = f["ranges"][0]
-            if whole["count"]:
-                key = (script["scriptId"], whole["startOffset"])
-                out[key] = out.get(key, 0) + whole["count"]
-    return out
+from pagehooks import functions_called  # noqa: E402  (on the path bench_pages puts tests/browser on)
+from v8_changes import BOX_CENTRE, change_plan, type_as_a_reader  # noqa: E402
 
 
 def first_runs(before: dict, changes: list[dict]) -> list[dict]:
@@ -50,10 +35,10 @@ def first_runs(before: dict, changes: list[dict]) -> list[dict]:
     return out
 
 
-def trace_page(base: str, slug: str, changes: int) -> tuple[list[str], list[dict], list[dict], callable]:
-    name, values = B.values_to_try(slug, changes)
-    opening = B.opening_value(slug, name)
-    plan = values + ([opening, values[0]] if values[0] != opening else [])
+def trace_page(base: str, slug: str, changes: int) -> tuple[list[str], list[dict], list[dict], Callable]:
+    """One cold load of the page, its changes made (v8_changes.change_plan): each change's functions called, those
+    called for the first time, and an excerpt of a function's source by its key."""
+    name, plan = change_plan(slug, changes)
     with sync_playwright() as p, tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         ctx = B.launch(p, Path(profile))
         page = ctx.pages[0]
@@ -61,7 +46,7 @@ def trace_page(base: str, slug: str, changes: int) -> tuple[list[str], list[dict
         cdp.send("Debugger.enable")                  # for the functions' source (Debugger.getScriptSource)
         cdp.send("Profiler.enable")
         cdp.send("Profiler.startPreciseCoverage", {"callCount": True, "detailed": False})
-        take = lambda: called(cdp.send("Profiler.takePreciseCoverage")["result"])  # noqa: E731
+        take = lambda: functions_called(cdp.send("Profiler.takePreciseCoverage")["result"])  # noqa: E731
         B.ready_ms(page, f"{base}/{slug}.html")
         B.settle(page)
         page.wait_for_selector("html[data-kvx-drawing-warmed]", state="attached", timeout=60_000)
@@ -73,12 +58,13 @@ def trace_page(base: str, slug: str, changes: int) -> tuple[list[str], list[dict
             page.wait_for_function(f"Number(document.documentElement.dataset.kvxPainted || 0) > {painted}")
             page.wait_for_timeout(B.READING_MS)
             windows.append(take())
+        new = first_runs(before, windows)
         sources = {script_id: cdp.send("Debugger.getScriptSource", {"scriptId": script_id})["scriptSource"]
-                   for script_id in {key[0] for fresh in first_runs(before, windows) for key in fresh}}
+                   for script_id in {key[0] for fresh in new for key in fresh}}
         ctx.close()
     # V8's offsets count UTF-16 units; the excerpt is Python's, which differs after any character beyond them
-    excerpt = lambda key: sources.get(key[0], "")[key[1]:key[1] + 70].replace("\n", " ")  # noqa: E731
-    return plan, windows, first_runs(before, windows), excerpt
+    excerpt = lambda key: sources.get(key[0], "")[key[2]:key[2] + 70].replace("\n", " ")  # noqa: E731
+    return plan, windows, new, excerpt
 
 
 def main() -> int:

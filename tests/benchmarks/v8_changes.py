@@ -98,15 +98,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def trace_page(base: str, slug: str, changes: int, log_path: Path, more_flags: str = "",
-               first: int = 0) -> tuple[list[str], dict[int, dict]]:
-    """One cold load of the page in a fresh profile, its changes made, V8's trace written to log_path and cut.
-    `first`: which of values_to_try's values comes first (the rest follow in turn), for a first value other
-    than the benchmark's."""
+def change_plan(slug: str, changes: int, first: int = 0) -> tuple[str, list[str]]:
+    """The box and the values typed into it: bench_pages' values_to_try, then the twin (the opening value back,
+    then the first value again). `first`: which of values_to_try's values comes first (the rest follow in turn),
+    for a first value other than the benchmark's."""
     name, values = B.values_to_try(slug, changes)
     values = values[first:] + values[:first]
     opening = B.opening_value(slug, name)
-    plan = values + ([opening, values[0]] if values[0] != opening else [])
+    return name, values + ([opening, values[0]] if values[0] != opening else [])
+
+
+def trace_page(base: str, slug: str, changes: int, log_path: Path, more_flags: str = "",
+               first: int = 0) -> tuple[list[str], dict[int, dict]]:
+    """One cold load of the page in a fresh profile, its changes made (change_plan), V8's trace written to
+    log_path and cut."""
+    name, plan = change_plan(slug, changes, first)
     port = free_port()
     # ignore_cleanup_errors: Chromium's helper processes can still be writing into the profile as it is removed
     with open(log_path, "wb") as log, tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:

@@ -78,6 +78,23 @@ def wait_url(page, *parts: str, timeout_ms: int = 10_000) -> str:
     return page.url
 
 
+def functions_called(coverage: list[dict], in_url: str = "") -> dict[tuple[str, str, int], int]:
+    """One take of V8's precise coverage (Profiler.takePreciseCoverage's result) as (script id, function name,
+    start offset) -> calls since the last take, for the scripts whose address holds `in_url`. Functions not called
+    are left out, and so are scripts without an address (the harness's own: each page.evaluate is one). A
+    function's first range is the whole function (the rest are its blocks, and "detailed": false gives none)."""
+    out: dict[tuple[str, str, int], int] = {}
+    for script in coverage:
+        if not script["url"] or in_url not in script["url"]:
+            continue
+        for f in script["functions"]:
+            whole = f["ranges"][0]
+            if whole["count"]:
+                key = (script["scriptId"], f["functionName"] or "(anonymous)", whole["startOffset"])
+                out[key] = out.get(key, 0) + whole["count"]
+    return out
+
+
 def expected(slug: str, **values) -> dict:
     e = REGISTRY[slug]
     return json.loads(json.dumps(e.page_data(e.params.from_mapping(values))))

@@ -18,8 +18,8 @@ from kvx.compute.settings import Settings
 from kvx.explainers.registry import REGISTRY
 
 from .conftest import ARGS, CHROMIUM
-from .pagehooks import (applied, assert_sources_equal, control_box, expected, set_control, wait_all_drawn,
-                        wait_applied)
+from .pagehooks import (applied, assert_sources_equal, control_box, expected, functions_called, set_control,
+                        wait_all_drawn, wait_applied)
 
 READY_MS = 90_000
 SLUG, FIELD, VALUE = "paging", "requests", "57"            # a simulation: a change runs real Python
@@ -368,14 +368,8 @@ def test_the_drawing_is_warmed_in_passes_until_the_reader_acts(offline_page, sit
 
 
 def bokehjs_calls(cdp) -> dict:
-    """BokehJS's functions called since the last take of V8's precise coverage: (name, start) -> calls."""
-    out = {}
-    for script in cdp.send("Profiler.takePreciseCoverage")["result"]:
-        if "/bokeh-" in script["url"]:
-            for f in script["functions"]:
-                if f["ranges"][0]["count"]:
-                    out[(f["functionName"] or "(anonymous)", f["ranges"][0]["startOffset"])] = f["ranges"][0]["count"]
-    return out
+    """BokehJS's functions called since the last take of V8's precise coverage."""
+    return functions_called(cdp.send("Profiler.takePreciseCoverage")["result"], "/bokeh-")
 
 
 @pytest.mark.parametrize("slug", sorted(REGISTRY))
