@@ -22,11 +22,16 @@ def package(slug: str) -> str:
     return slug.replace("-", "_")
 
 
-def override(slug: str, data: dict) -> None:
-    _overrides[slug] = data
+def override(slug: str, data: dict | None) -> dict | None:
+    """Results that win over the committed copy (the site build's fresh bake); None withdraws them. Returns the
+    override it replaced, so a caller (a test) can put back what was in effect."""
+    replaced = _overrides.pop(slug, None)
+    if data is not None:
+        _overrides[slug] = data
     _committed.cache_clear()
     for derived_cache in _derived:
         derived_cache.cache_clear()
+    return replaced
 
 
 def derived(maxsize: int | None):

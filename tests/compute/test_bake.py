@@ -47,6 +47,15 @@ def test_override_wins_over_the_committed_copy():
     assert baked.load("a-slug-that-is-not-there") == {"x": 1}
 
 
+def test_an_override_gives_back_the_one_it_replaced_and_none_withdraws_it():
+    slug = "paging"                                     # an explainer with no baked results
+    assert baked.override(slug, {"x": 1}) is None
+    assert baked.override(slug, {"x": 2}) == {"x": 1} and baked.load(slug) == {"x": 2}
+    assert baked.override(slug, None) == {"x": 2}
+    with pytest.raises(FileNotFoundError, match=f"kvx bake {slug}"):
+        baked.load(slug)                                # the committed copy again: here, none
+
+
 def test_a_missing_bake_names_the_command():
     with pytest.raises(FileNotFoundError, match="kvx bake paging"):
         baked.load("paging")

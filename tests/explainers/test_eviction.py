@@ -82,15 +82,14 @@ def test_drawn_states_are_kept_but_never_outlive_the_baked_data():
     baked.override) must empty those caches, or the page would draw the old numbers."""
     import copy
     from kvx.explainers.core import baked
-    found = baked._overrides.get(m.SLUG)
     first = m.page_data(P())
     assert m.page_data(P(budget=21.5))["sources"] == first["sources"]        # snapped to 20%: the same state
     fresh = copy.deepcopy(D)
     fresh["text"]["results"]["h2o"]["loss_bits"][0] = 9.875
     fresh["shown"]["map"][1][0] = 0.5
     fresh["decode"]["policies"]["h2o"]["loss_bits"][0] += 1.0
+    found = baked.override(m.SLUG, fresh)
     try:
-        baked.override(m.SLUG, fresh)
         d = m.page_data(P())
         assert d["sources"]["curve"]["loss_h2o"][0] == 9.875
         assert d["sources"]["map"]["mass"][0] == 0.5
@@ -99,13 +98,7 @@ def test_drawn_states_are_kept_but_never_outlive_the_baked_data():
     finally:
         # back to what was in effect before: a site built earlier in the same run (the browser tests) leaves its
         # fresh bake as an override, whose numbers need not be the committed copy's
-        if found is None:
-            baked._overrides.pop(m.SLUG, None)
-        else:
-            baked._overrides[m.SLUG] = found
-        for cached in baked._derived:
-            cached.cache_clear()
-        baked._committed.cache_clear()
+        baked.override(m.SLUG, found)
     assert m.page_data(P())["sources"] == first["sources"]
 
 
