@@ -1,6 +1,10 @@
 """Fixtures shared by the suite: one built site per session."""
 from __future__ import annotations
 
+import json
+import zipfile
+from pathlib import Path
+
 import pytest
 
 
@@ -8,11 +12,26 @@ import pytest
 def built_site(tmp_path_factory):
     """The static site, built once (Pyodide comes from the npm cache, verified against its hash).
     KVX_TEST_SITE=build/site reuses a site `kvx build` just made from this checkout (a quick rerun of a few
-    browser tests); without it every session builds its own. A reused site's fresh kernel bakes are not
-    loaded into this process, so tests comparing baked pages with CPython (cross-layer) may then differ."""
+    browser tests); without it every session builds its own."""
     import os
-    from pathlib import Path
     if os.environ.get("KVX_TEST_SITE"):
-        return Path(os.environ["KVX_TEST_SITE"]).resolve()
+        site = Path(os.environ["KVX_TEST_SITE"]).resolve()
+        use_the_sites_bakes(site)
+        return site
     from kvx.site.build import build
     return build(tmp_path_factory.mktemp("site"))
+
+
+def use_the_sites_bakes(site: Path) -> None:
+    """A build puts its fresh kernel bakes into its wheel and into this process (baked.override), so the pages and
+    CPython draw the same numbers. A site built by another process did the first only: its bakes (another date,
+    this CPU's last digits) are loaded here as the build would have, or every comparison of a baked page with
+    CPython (cross-layer, eviction, the worker's replies) fails on them."""
+    from kvx.explainers.core import baked
+    wheels = list(site.glob("assets/models-*/kvx_models-*.whl"))
+    assert len(wheels) == 1, f"{site} should hold one models wheel, not {len(wheels)}"
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        for name in wheel.namelist():
+            parts = name.split("/")
+            if parts[-1] == baked.FILE and parts[:2] == ["kvx", "explainers"] and len(parts) == 4:
+                baked.override(parts[2].replace("_", "-"), json.loads(wheel.read(name)))
