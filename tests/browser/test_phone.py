@@ -1,8 +1,8 @@
 """Every explainer on a phone (360x740, touch) and a laptop (1280x800): no sideways scroll, every control
 reachable and working, axe-core with no critical or serious violation, the view's URL (with `step`) opening
 the same view, no text a plot draws running out of its frame or its canvas (measured from the canvas's own
-fillText calls), MLA's step diagram with no two labels overlapping, and on a phone the first control above
-the first readout; plus the pieces issue 17 asked for one at a time (help as a disclosure, one frame per arrow
+fillText calls), MLA's step diagram with no two labels overlapping, and the first control above the first
+readout and the notes; a reply's words never moving the controls; plus the pieces issue 17 asked for one at a time (help as a disclosure, one frame per arrow
 on the slider, suggestion lists closing on Tab, an emptied box saying so, plots that do not pan, a bad
 `step` clamped, classroom mode, "Run it here" retrying after Retry-After). Screenshots of every page at
 both sizes land in test-results/screenshots/ (phone-<slug>.png, laptop-<slug>.png)."""
@@ -205,11 +205,12 @@ def test_page_fits_is_reachable_accessible_and_linkable(open_page, site_url, siz
         if p["title"].startswith("One decode step of one MLA layer"):
             assert overlapping(p["texts"]) == [], p["title"]
     assert slug != "mla" or any(p["title"].startswith("One decode step") for p in plots)
-    # On a phone the first controls come before the readouts.
+    # At both sizes the first controls come before the readouts and the notes (the words a reply rewrites), so a
+    # change of those moves nothing a reader types in (test_a_replys_words_never_move_the_controls).
     specs = e.params.describe()
-    if size == "phone":
-        first, card = control(page, specs[0]).bounding_box(), page.locator(".kvx-readout").first.bounding_box()
-        assert first["y"] < card["y"], (first, card)
+    first, card = control(page, specs[0]).bounding_box(), page.locator(".kvx-readout").first.bounding_box()
+    notes = page.locator("#kvx-notes").bounding_box() or {"y": float("inf")}        # none while empty and hidden
+    assert first["y"] < card["y"] <= notes["y"], (first, card, notes)
 
     # Every control is on screen after scrolling to it (not off to the side, not covered) and enabled.
     for spec in specs:
@@ -421,3 +422,29 @@ def test_run_it_here_waits_its_turn_and_retries_by_itself(open_page, site_url):
     assert final.count("again") <= 1 and page.evaluate("document.documentElement.dataset.kvxRetries") == "1"
     # The browser logs each mocked 503 and 404 as a failed load; those are this test's own doing.
     page.errors[:] = [e for e in page.errors if "Failed to load resource" not in e]
+
+
+# Values that make a note under the readouts come and go (cross-layer: 1:3 does not divide 80 layers, 1:4 does), or
+# grow (eviction: the baked page's note and a reply's differ): above the controls, they moved the box being typed in
+# by 45-74 px at 1280 px.
+MOVERS = [("cross-layer", "share", ["3", "4", "3"]), ("eviction", "budget", ["30", "20", "50"])]
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+@pytest.mark.parametrize("slug, name, values", MOVERS, ids=[m[0] for m in MOVERS])
+def test_a_replys_words_never_move_the_controls(open_page, site_url, size, slug, name, values):
+    page = open_page(size, f"{site_url}/{slug}.html")
+    spec = next(s for s in REGISTRY[slug].params.describe() if s["name"] == name)
+    box = control(page, spec)
+    box.scroll_into_view_if_needed()
+    tops, notes = [box.bounding_box()["y"]], set()
+    for value in values:
+        before = int(page.evaluate("Number(document.documentElement.dataset.kvxApplied || 0)"))
+        box.fill(value)
+        box.press("Enter")
+        page.wait_for_function(f"Number(document.documentElement.dataset.kvxApplied || 0) > {before}", timeout=60_000)
+        page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
+        tops.append(box.bounding_box()["y"])
+        notes.add(page.locator("#kvx-notes").inner_text())
+    assert len(notes) > 1, f"the values should change the note: {notes}"       # else this test shows nothing
+    assert max(tops) - min(tops) < 0.5, f"the {name} box moved: its top at {tops} px"
