@@ -15,7 +15,7 @@ import uvicorn
 from kvx.compute.app import create_app
 from kvx.compute.serving import BytesSent
 from kvx.compute.settings import Settings
-from kvx.explainers.registry import REGISTRY
+from kvx.explainers.registry import REGISTRY, neighbour_values
 
 from .conftest import ARGS, CHROMIUM
 from .pagehooks import (applied, assert_sources_equal, control_box, expected, functions_called, set_control,
@@ -390,7 +390,6 @@ def test_a_first_change_runs_no_bokehjs_code_the_warm_up_did_not(offline_page, s
     page.goto(f"{site_url}/{slug}.html")
     page.wait_for_selector("html[data-kvx-drawing-warmed]", state="attached", timeout=READY_MS)
     assert page.evaluate("document.documentElement.dataset.kvxDrawingWarmed").endswith("ended by budget")
-    from kvx.explainers.registry import neighbour_values
     [(name, value)] = neighbour_values(slug)[0].items()             # a neighbour: what the passes drew
     control_box(page, name, slug).scroll_into_view_if_needed()
     page.wait_for_timeout(300)

@@ -2,10 +2,11 @@
 reachable and working, axe-core with no critical or serious violation, the view's URL (with `step`) opening
 the same view, no text a plot draws running out of its frame or its canvas (measured from the canvas's own
 fillText calls), MLA's step diagram with no two labels overlapping, and the first control above the first
-readout and the notes; a reply's words never moving the controls; plus the pieces issue 17 asked for one at a time (help as a disclosure, one frame per arrow
-on the slider, suggestion lists closing on Tab, an emptied box saying so, plots that do not pan, a bad
-`step` clamped, classroom mode, "Run it here" retrying after Retry-After). Screenshots of every page at
-both sizes land in test-results/screenshots/ (phone-<slug>.png, laptop-<slug>.png)."""
+readout and the notes; a reply's words never moving the controls; plus the pieces issue 17 asked for one at a
+time (help as a disclosure, one frame per arrow on the slider, suggestion lists closing on Tab, an emptied box
+saying so, plots that do not pan, a bad `step` clamped, classroom mode, "Run it here" retrying after
+Retry-After). Screenshots of every page at both sizes land in test-results/screenshots/ (phone-<slug>.png,
+laptop-<slug>.png)."""
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ from kvx.site import widgets
 from kvx.site.vendor import axe_core_js
 
 from .conftest import SHOTS
-from .pagehooks import control_group, wait_all_drawn, wait_url
+from .pagehooks import applied, control_group, wait_all_drawn, wait_applied, wait_url
 
 READY_MS = 90_000
 SIZES = {
@@ -439,10 +440,10 @@ def test_a_replys_words_never_move_the_controls(open_page, site_url, size, slug,
     box.scroll_into_view_if_needed()
     tops, notes = [box.bounding_box()["y"]], set()
     for value in values:
-        before = int(page.evaluate("Number(document.documentElement.dataset.kvxApplied || 0)"))
+        before = applied(page)
         box.fill(value)
         box.press("Enter")
-        page.wait_for_function(f"Number(document.documentElement.dataset.kvxApplied || 0) > {before}", timeout=60_000)
+        wait_applied(page, before)
         page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
         tops.append(box.bounding_box()["y"])
         notes.add(page.locator("#kvx-notes").inner_text())
