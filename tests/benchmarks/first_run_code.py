@@ -1,6 +1,6 @@
 """Which of the page's JavaScript runs for the first time in a control change: precise coverage over CDP.
 
-    python tests/benchmarks/first_run_code.py --site build/site [--pages mla,cross-model] [--changes 4]
+    python tests/benchmarks/first_run_code.py --site build/site [--pages mla,cross-model] [--changes 4] [--like 8]
 
 The warm-up's passes (kvx-page.js, warmDrawingAgain) are there so that a reader's first change runs nothing the
 engine has not run before. V8's account (v8_changes.py) says how much it compiled in a change, not which code
@@ -23,7 +23,7 @@ from playwright.sync_api import sync_playwright
 sys.path.insert(0, str(Path(__file__).parent))
 import bench_pages as B  # noqa: E402  (its server, values and pace)
 from pagehooks import functions_called  # noqa: E402  (on the path bench_pages puts tests/browser on)
-from v8_changes import BOX_CENTRE, change_plan, type_as_a_reader  # noqa: E402
+from v8_changes import BENCH_CHANGES, BOX_CENTRE, change_plan, type_as_a_reader  # noqa: E402
 
 
 def first_runs(before: dict, changes: list[dict]) -> list[dict]:
@@ -35,10 +35,11 @@ def first_runs(before: dict, changes: list[dict]) -> list[dict]:
     return out
 
 
-def trace_page(base: str, slug: str, changes: int) -> tuple[list[str], list[dict], list[dict], Callable]:
+def trace_page(base: str, slug: str, changes: int, like: int = BENCH_CHANGES
+               ) -> tuple[list[str], list[dict], list[dict], Callable]:
     """One cold load of the page, its changes made (v8_changes.change_plan): each change's functions called, those
     called for the first time, and an excerpt of a function's source by its key."""
-    name, plan = change_plan(slug, changes)
+    name, plan = change_plan(slug, changes, like=like)
     with sync_playwright() as p, tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         ctx = B.launch(p, Path(profile))
         page = ctx.pages[0]
@@ -72,10 +73,12 @@ def main() -> int:
     ap.add_argument("--site", type=Path, default=Path("build/site"))
     ap.add_argument("--pages", default="mla,cross-model,cross-layer")
     ap.add_argument("--changes", type=int, default=4)
+    ap.add_argument("--like", type=int, default=BENCH_CHANGES, help="the changes a load of the benchmark run "
+                    "diagnosed (bench_pages.py --changes): the box is the one that run types in")
     args = ap.parse_args()
     server, base, _ = B.serve(args.site)
     for slug in args.pages.split(","):
-        plan, windows, new, excerpt = trace_page(base, slug, args.changes)
+        plan, windows, new, excerpt = trace_page(base, slug, args.changes, args.like)
         print(f"== {slug}")
         for value, window, fresh in zip(plan, windows, new):
             print(f"  change to {value}: {len(window)} functions called, {len(fresh)} of them for the first time")

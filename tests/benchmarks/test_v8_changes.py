@@ -40,3 +40,16 @@ def test_an_unfinished_trace_still_ends_its_last_window():
     per = windows(LOG.split("0x14 <String")[0])            # the browser stopped before the end mark
     assert per[2] == {"bailouts": [], "invalidated": 0, "compiles": 0}
     assert per[0]["compiles"] == 2
+
+
+def test_a_diagnosis_types_in_the_box_of_the_benchmark_run_it_diagnoses():
+    """values_to_try picks its box by how many values it needs: asked for the tool's own count, it gave cross-layer's
+    "share" (6 changes) where the report's run, 8 changes a load, types in "context". The plan is that run's box and
+    its first values, then the twin (the opening value back, the first value again)."""
+    from bench_pages import opening_value, values_to_try
+    from v8_changes import BENCH_CHANGES, change_plan
+
+    assert values_to_try("cross-layer", 6)[0] != values_to_try("cross-layer", BENCH_CHANGES)[0]   # else no test
+    name, values = values_to_try("cross-layer", BENCH_CHANGES)
+    assert change_plan("cross-layer", 6) == (name, values[:6] + [opening_value("cross-layer", name), values[0]])
+    assert change_plan("cross-layer", 6, like=6)[0] == values_to_try("cross-layer", 6)[0]

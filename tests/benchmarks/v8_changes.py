@@ -1,6 +1,6 @@
 """What the JavaScript engine does in each control change: V8's own account of the first change against the rest.
 
-    python tests/benchmarks/v8_changes.py --site build/site [--pages load-balancer,mla] [--changes 6] [--out DIR]
+    python tests/benchmarks/v8_changes.py --site build/site [--pages load-balancer,mla] [--changes 6] [--like 8] [--out DIR]
 
 A first change's extra over its twin is about a millisecond, on a host whose speed drifts by more than that
 between minutes; V8's account of its work does not drift. Chromium is started by hand with V8 tracing its
@@ -98,21 +98,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def change_plan(slug: str, changes: int, first: int = 0) -> tuple[str, list[str]]:
-    """The box and the values typed into it: bench_pages' values_to_try, then the twin (the opening value back,
-    then the first value again). `first`: which of values_to_try's values comes first (the rest follow in turn),
-    for a first value other than the benchmark's."""
-    name, values = B.values_to_try(slug, changes)
+# The changes per load of the benchmark run these tools diagnose (the report's: bench_pages.py --changes 8).
+# values_to_try picks its box by how many distinct values it needs (the first integer box with that many), so a
+# tool that asked it for its own count typed another box than the run's (cross-layer: "share" for 6, "context"
+# for 8).
+BENCH_CHANGES = 8
+
+
+def change_plan(slug: str, changes: int, first: int = 0, like: int = BENCH_CHANGES) -> tuple[str, list[str]]:
+    """The box and the values typed into it: bench_pages' values_to_try for a run of `like` changes a load, its
+    first `changes` values, then the twin (the opening value back, then the first value again). `first`: which of
+    those values comes first (the rest follow in turn), for a first value other than the benchmark's."""
+    name, values = B.values_to_try(slug, max(like, changes))
+    values = values[:changes]
     values = values[first:] + values[:first]
     opening = B.opening_value(slug, name)
     return name, values + ([opening, values[0]] if values[0] != opening else [])
 
 
 def trace_page(base: str, slug: str, changes: int, log_path: Path, more_flags: str = "",
-               first: int = 0) -> tuple[list[str], dict[int, dict]]:
+               first: int = 0, like: int = BENCH_CHANGES) -> tuple[list[str], dict[int, dict]]:
     """One cold load of the page in a fresh profile, its changes made (change_plan), V8's trace written to
     log_path and cut."""
-    name, plan = change_plan(slug, changes, first)
+    name, plan = change_plan(slug, changes, first, like)
     port = free_port()
     # ignore_cleanup_errors: Chromium's helper processes can still be writing into the profile as it is removed
     with open(log_path, "wb") as log, tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
@@ -155,6 +163,8 @@ def main() -> int:
     ap.add_argument("--pages", default="load-balancer,prompt-caching,prefix-reuse,quantization,mla")
     ap.add_argument("--changes", type=int, default=6)
     ap.add_argument("--out", type=Path, default=Path("test-results/v8"))
+    ap.add_argument("--like", type=int, default=BENCH_CHANGES, help="the changes a load of the benchmark run "
+                    "diagnosed (bench_pages.py --changes): the box is the one that run types in")
     ap.add_argument("--first", type=int, default=0, help="which of the benchmark's values comes first "
                     "(0: its own first value, one above the default where it can be)")
     ap.add_argument("--v8-flags", default="", help="more V8 flags, e.g. --trace-deopt-verbose (each bailout's "
@@ -165,7 +175,7 @@ def main() -> int:
     print(f"{'page':16s} {'':12s} first  rest (median)  twin")
     for slug in args.pages.split(","):
         plan, per = trace_page(base, slug, args.changes, args.out / f"v8-{slug}.log", args.v8_flags,
-                                 args.first)
+                                 args.first, args.like)
         twin = per.get(len(plan) - 1) if len(plan) > args.changes else None
         for kind in ("bailouts", "invalidated", "compiles"):
             rest = statistics.median(amount(per.get(i, counts([])), kind) for i in range(1, args.changes))
