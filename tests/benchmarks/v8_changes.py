@@ -1,6 +1,7 @@
 """What the JavaScript engine does in each control change: V8's own account of the first change against the rest.
 
-    python tests/benchmarks/v8_changes.py --site build/site [--pages load-balancer,mla] [--changes 6] [--like 8] [--out DIR]
+    python tests/benchmarks/v8_changes.py --site build/site [--pages load-balancer,mla] [--changes 6] [--like 8]
+        [--out DIR]
 
 A first change's extra over its twin is about a millisecond, on a host whose speed drifts by more than that
 between minutes; V8's account of its work does not drift. Chromium is started by hand with V8 tracing its
