@@ -95,7 +95,7 @@ def fresh_bakes() -> dict[str, str]:
     for slug in BAKERS:
         data = bake(slug)
         baked.override(slug, data)
-        out[f"kvx/explainers/{baked.package(slug)}/{baked.FILE}"] = json.dumps(data, sort_keys=True)
+        out[baked.wheel_path(slug)] = json.dumps(data, sort_keys=True)
     return out
 
 

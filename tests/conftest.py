@@ -28,10 +28,11 @@ def use_the_sites_bakes(site: Path) -> None:
     this CPU's last digits) are loaded here as the build would have, or every comparison of a baked page with
     CPython (cross-layer, eviction, the worker's replies) fails on them."""
     from kvx.explainers.core import baked
+    from kvx.explainers.registry import REGISTRY
     wheels = list(site.glob("assets/models-*/kvx_models-*.whl"))
     assert len(wheels) == 1, f"{site} should hold one models wheel, not {len(wheels)}"
     with zipfile.ZipFile(wheels[0]) as wheel:
-        for name in wheel.namelist():
-            parts = name.split("/")
-            if parts[-1] == baked.FILE and parts[:2] == ["kvx", "explainers"] and len(parts) == 4:
-                baked.override(parts[2].replace("_", "-"), json.loads(wheel.read(name)))
+        names = set(wheel.namelist())
+        for slug in REGISTRY:
+            if baked.wheel_path(slug) in names:
+                baked.override(slug, json.loads(wheel.read(baked.wheel_path(slug))))

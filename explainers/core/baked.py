@@ -22,6 +22,11 @@ def package(slug: str) -> str:
     return slug.replace("-", "_")
 
 
+def wheel_path(slug: str) -> str:
+    """Where an explainer's baked results lie in the models wheel (the site build writes them there)."""
+    return f"kvx/explainers/{package(slug)}/{FILE}"
+
+
 def override(slug: str, data: dict | None) -> dict | None:
     """Results that win over the committed copy (the site build's fresh bake); None withdraws them. Returns the
     override it replaced, so a caller (a test) can put back what was in effect."""
