@@ -23,7 +23,7 @@ from playwright.sync_api import sync_playwright
 sys.path.insert(0, str(Path(__file__).parent))
 import bench_pages as B  # noqa: E402  (its server, values and pace)
 from pagehooks import functions_called  # noqa: E402  (on the path bench_pages puts tests/browser on)
-from v8_changes import BENCH_CHANGES, BOX_CENTRE, change_plan, type_as_a_reader  # noqa: E402
+from v8_changes import BENCH_CHANGES, BOX_CENTRE, add_like_option, change_plan, type_as_a_reader  # noqa: E402
 
 
 def first_runs(before: dict, changes: list[dict]) -> list[dict]:
@@ -73,8 +73,7 @@ def main() -> int:
     ap.add_argument("--site", type=Path, default=Path("build/site"))
     ap.add_argument("--pages", default="mla,cross-model,cross-layer")
     ap.add_argument("--changes", type=int, default=4)
-    ap.add_argument("--like", type=int, default=BENCH_CHANGES, help="the changes a load of the benchmark run "
-                    "diagnosed (bench_pages.py --changes): the box is the one that run types in")
+    add_like_option(ap)
     args = ap.parse_args()
     server, base, _ = B.serve(args.site)
     for slug in args.pages.split(","):

@@ -110,6 +110,12 @@ def free_port() -> int:
 BENCH_CHANGES = 8
 
 
+def add_like_option(ap: argparse.ArgumentParser) -> None:
+    """--like, for both diagnosis tools: the changes a load of the benchmark run they diagnose."""
+    ap.add_argument("--like", type=int, default=BENCH_CHANGES, help="the changes a load of the benchmark run "
+                    "diagnosed (bench_pages.py --changes): the box is the one that run types in")
+
+
 def change_plan(slug: str, changes: int, first: int = 0, like: int = BENCH_CHANGES) -> tuple[str, list[str]]:
     """The box and the values typed into it: bench_pages' values_to_try for a run of `like` changes a load, its
     first `changes` values, then the twin (the opening value back, then the first value again). `first`: which of
@@ -168,8 +174,7 @@ def main() -> int:
     ap.add_argument("--pages", default="load-balancer,prompt-caching,prefix-reuse,quantization,mla")
     ap.add_argument("--changes", type=int, default=6)
     ap.add_argument("--out", type=Path, default=Path("test-results/v8"))
-    ap.add_argument("--like", type=int, default=BENCH_CHANGES, help="the changes a load of the benchmark run "
-                    "diagnosed (bench_pages.py --changes): the box is the one that run types in")
+    add_like_option(ap)
     ap.add_argument("--first", type=int, default=0, help="which of the benchmark's values comes first "
                     "(0: its own first value, one above the default where it can be)")
     ap.add_argument("--v8-flags", default="", help="more V8 flags, e.g. --trace-deopt-verbose (each bailout's "
