@@ -909,14 +909,15 @@ async function drawPass(other, data) {
 
 // A change drawn just after a major garbage collection took its data in 0.5-1.5 ms slower than the same change
 // drawn later (mla, the twin of the first change made 1 s after a full collection, 6 cold loads: +1.55 ms over the
-// rest, 6 of 6). Chromium holds a page's first major collection back while it counts the page as loading, until
-// the reader's first press or key, or here about 3 s after ready; the passes' garbage (the heap 34 -> 57-67 MB
-// over 13 passes on mla, against a 64 MB limit) leaves one waiting. So it came 0.1-0.15 s after the reader's
-// click, while they typed, and their first change was the first drawn after it. Once it has come, one pass more,
-// from the last pass's neighbour (no worker run), puts that cost before the change: drawn the same way just
-// after a forced collection, the twin was no slower than the rest (0.0 ms, 2 of 6). It is drawn while no change
-// has been sent, even after the reader's press that ended the passes (the collection comes after it): about
-// 15 ms of the main thread, once, between two of their keys.
+// rest, 6 of 6). And the page's first major collection waits: in V8's trace (--trace-gc) its marking had not
+// started with the heap at 67-96 MB against a 64 MB limit, and the page saw it done 0.14 s after the reader's
+// first press, or about 3 s after ready with none (Chromium lets it wait while it counts the page as loading).
+// The passes' garbage (mla's heap 34 -> 57-67 MB over 13 passes) leaves one waiting, so it came while the reader
+// typed, and their first change was the first drawn after it. Once it has come, one pass more, from the last
+// pass's neighbour (no worker run), puts that cost before the change: drawn the same way just after a forced
+// collection, the twin was no slower than the rest (0.0 ms, 2 of 6). It is drawn while no change has been sent,
+// even after the reader's press that ended the passes (the collection comes after it): 14-19 ms of the main
+// thread, once, between two of their keys.
 const majorCollections = typeof FinalizationRegistry === "function"
   ? new FinalizationRegistry((fn) => fn()) : null;
 // Made as the script runs and let go only when watched: by then it has outlived the young generation's
