@@ -153,7 +153,8 @@ def opening_value(slug: str, name: str) -> str:
     return repr(spec["default"]) if spec["kind"] == "number" else str(spec["default"])
 
 
-def round_trips(page, slug: str, changes: int, pace: str = "settled", twin: bool = False) -> dict:
+def round_trips(page, slug: str, changes: int, pace: str = "settled", twin: bool = False,
+                before_twin=None) -> dict:
     """Each change's round trip, ms, from the change the page sends: to its reply applied to the plots' sources
     ("applied": the round trip as issue 16 counts it, before BokehJS takes the data in and repaints), and to the
     end of the frame that shows it ("painted": what a reader waits for; kvx-page.js, afterNextFrame); and
@@ -172,7 +173,8 @@ def round_trips(page, slug: str, changes: int, pace: str = "settled", twin: bool
     came. It is the one like-for-like of a first change, warm: the same value from the same plots, so the same
     Python and the same drawing. A first value costs what it costs (on mla, 4097 from 4096 took 5.4 ms warm, the
     rest's values 4.65), which "the rest" cannot tell from a cost of being first; first less twin can. Where the
-    model keeps its answers, the twin's Python is answered from them: compare the parts outside Python."""
+    model keeps its answers, the twin's Python is answered from them: compare the parts outside Python.
+    `before_twin(page)`: called right before the twin's change (after_collection.py puts a collection there)."""
     name, values = values_to_try(slug, changes)
     opening = opening_value(slug, name)
     twin = twin and values[0] != opening
@@ -198,6 +200,8 @@ def round_trips(page, slug: str, changes: int, pace: str = "settled", twin: bool
     if twin:
         if values[-1] != opening:              # an equal value fires no change
             change(opening, "read")
+        if before_twin:
+            before_twin(page)
         change(values[0], "read")
     out = {"painted": page.evaluate("Array.from(window.kvx.painted)"),
            "applied": page.evaluate("Array.from(window.kvx.timings)"), "python": python,
