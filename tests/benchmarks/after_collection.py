@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import bench_pages as B  # noqa: E402  (scripts beside this one, not a package)
+from pagehooks import collect_garbage  # noqa: E402  (on the path bench_pages puts tests/browser on)
 from v8_changes import BENCH_CHANGES  # noqa: E402
 
 KINDS = ("read", "collected")
@@ -30,7 +31,7 @@ KINDS = ("read", "collected")
 def before_twin(kind: str):
     def run(page) -> None:
         if kind == "collected":
-            page.context.new_cdp_session(page).send("HeapProfiler.collectGarbage")
+            collect_garbage(page)
         page.wait_for_timeout(B.READING_MS)
     return run
 

@@ -62,6 +62,11 @@ def wait_applied(page, before: int, timeout_ms: int = 60_000) -> None:
     page.wait_for_function(f"Number(document.documentElement.dataset.kvxApplied || 0) > {before}", timeout=timeout_ms)
 
 
+def collect_garbage(page) -> None:
+    """A full garbage collection of the page, as the browser's own comes (DevTools' HeapProfiler.collectGarbage)."""
+    page.context.new_cdp_session(page).send("HeapProfiler.collectGarbage")
+
+
 def wait_all_drawn(page, timeout_ms: int = 60_000) -> None:
     """Every plot drawn, the ones below the first screen too (kvx-page.js draws them once Python is ready, or
     cannot start): a plot's element, and all it carries, exists only from then."""

@@ -18,8 +18,8 @@ from kvx.compute.settings import Settings
 from kvx.explainers.registry import REGISTRY, neighbour_values
 
 from .conftest import ARGS, CHROMIUM
-from .pagehooks import (applied, assert_sources_equal, control_box, expected, functions_called, set_control,
-                        wait_all_drawn, wait_applied)
+from .pagehooks import (applied, assert_sources_equal, collect_garbage, control_box, expected, functions_called,
+                        set_control, wait_all_drawn, wait_applied)
 
 READY_MS = 90_000
 SLUG, FIELD, VALUE = "paging", "requests", "57"            # a simulation: a change runs real Python
@@ -444,11 +444,6 @@ def test_a_pass_whose_reply_comes_after_the_readers_press_is_not_drawn(offline_p
     assert_sources_equal(page, expected("mla"))
 
 
-def collect_garbage(page) -> None:
-    """A full garbage collection of the page, as the browser's own comes (DevTools' HeapProfiler.collectGarbage)."""
-    page.context.new_cdp_session(page).send("HeapProfiler.collectGarbage")
-
-
 # The page's FinalizationRegistry, replaced so that a test says when a collection comes (window.kvxCollect): the
 # browser's own first major collection comes when it will (about 3 s after ready here, or at the first press),
 # during the passes or after them, and would make these tests' answers depend on when.
@@ -462,12 +457,16 @@ window.FinalizationRegistry = class {
 window.kvxCollect = () => { for (const collected of window.kvxWatched.splice(0)) collected(); };"""
 
 
-def pass_after_collection(page) -> str:
-    """A major collection, as the page sees it (COLLECTED_BY_THE_TEST), and what the page says it drew after it
-    (kvx-page.js, afterMajorCollection)."""
-    page.evaluate("window.kvxCollect()")
+def said_after_collection(page) -> str:
+    """What the page says it drew after the major collection it saw (kvx-page.js, afterMajorCollection)."""
     page.wait_for_selector("html[data-kvx-pass-after-collection]", state="attached", timeout=10_000)
     return page.evaluate("document.documentElement.dataset.kvxPassAfterCollection")
+
+
+def pass_after_collection(page) -> str:
+    """A major collection, as the page sees it (COLLECTED_BY_THE_TEST), and what the page says it drew after it."""
+    page.evaluate("window.kvxCollect()")
+    return said_after_collection(page)
 
 
 SETS_AT_END = when_marked("data-kvx-drawing-warmed", "window.kvxSetsAtEnd = Object.assign({}, window.kvxSourcesSet);")
@@ -520,8 +519,7 @@ def test_the_page_sees_the_browsers_major_collection(offline_page, site_url):
     page.goto(f"{site_url}/mla.html")
     page.wait_for_selector("html[data-kvx-drawing-warmed]", state="attached", timeout=READY_MS)
     collect_garbage(page)
-    page.wait_for_selector("html[data-kvx-pass-after-collection]", state="attached", timeout=10_000)
-    said = page.evaluate("document.documentElement.dataset.kvxPassAfterCollection")
+    said = said_after_collection(page)
     assert said in ("drawn", "not drawn: passes came after it"), said
     assert_sources_equal(page, expected("mla"))
 
